@@ -1,0 +1,241 @@
+"""Prefill, plain decoding and scoring: jitted pure functions plus their host-side front doors.
+
+The front doors (``generate``, ``score``) validate every input on the host and raise
+``ValueError`` before anything is compiled or run; the jitted parts assume valid input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.kv import KVCache
+from jspec.models.llama import Model, forward
+from jspec.sampling import SamplingParams, sample
+
+# Prompt and cache lengths are rounded up so that a handful of compiled shapes serve all inputs.
+_MIN_PROMPT_BUCKET = 16
+_CACHE_ALIGN = 128
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def prompt_bucket(max_prompt_len: int) -> int:
+    """Padded prompt width: the next power of two (at least 16)."""
+    return max(_MIN_PROMPT_BUCKET, 1 << (max_prompt_len - 1).bit_length())
+
+
+def cache_length(prompt_width: int, max_total: int) -> int:
+    """Cache rows needed to hold the padded prompt and every token up to ``max_total``."""
+    return _round_up(max(prompt_width, max_total), _CACHE_ALIGN)
+
+
+def validate_prompts(prompts, vocab_size: int, max_new_tokens, max_positions: int) -> list[list[int]]:
+    """Check a ragged batch of prompts; returns them as lists of Python ints."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
+        raise ValueError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise ValueError("prompts must be a non-empty list of token-id lists")
+    checked = []
+    for b, prompt in enumerate(prompts):
+        ids = np.asarray(prompt)
+        if ids.ndim != 1:
+            raise ValueError(f"prompt {b} must be a flat list of token ids, got shape {ids.shape}")
+        if ids.size == 0:
+            raise ValueError(f"prompt {b} is empty")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"prompt {b} must hold integer token ids, got dtype {ids.dtype}")
+        bad = (ids < 0) | (ids >= vocab_size)
+        if bad.any():
+            raise ValueError(
+                f"prompt {b} has token id {int(ids[bad][0])} outside the vocabulary [0, {vocab_size})"
+            )
+        if ids.size + max_new_tokens > max_positions:
+            raise ValueError(
+                f"prompt {b} has {ids.size} tokens; with max_new_tokens={max_new_tokens} that exceeds "
+                f"the model's max_position_embeddings={max_positions}"
+            )
+        checked.append([int(t) for t in ids])
+    return checked
+
+
+def pad_prompts(prompts: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad to the bucket width: tokens ``[batch, width]`` int32 and lengths ``[batch]``."""
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    tokens = np.zeros((len(prompts), prompt_bucket(int(lengths.max()))), np.int32)
+    for b, p in enumerate(prompts):
+        tokens[b, : len(p)] = p
+    return tokens, lengths
+
+
+def eos_tuple(eos_id) -> tuple[int, ...]:
+    if eos_id is None:
+        return ()
+    ids = (eos_id,) if isinstance(eos_id, (int, np.integer)) else tuple(eos_id)
+    return tuple(int(i) for i in ids)
+
+
+def is_eos(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
+    hit = jnp.zeros(tokens.shape, bool)
+    for e in eos_ids:
+        hit |= tokens == e
+    return hit
+
+
+def prefill(model: Model, tokens: jax.Array, prompt_lengths: jax.Array, kv: KVCache, *, capture=(), impl="auto"):
+    """Run right-padded prompts ``tokens [batch, width]`` into an empty cache.
+
+    Only the last real row of each prompt gets the LM head. Returns (fp32 logits
+    ``[batch, vocab]``, captured features ``[batch, width, hidden]`` each, cache holding
+    exactly ``prompt_lengths`` rows per sequence).
+    """
+    logits, features, kv = forward(model, tokens, kv, capture=capture, logits_rows=prompt_lengths - 1, impl=impl)
+    return logits, features, kv.truncate(prompt_lengths)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeState:
+    """Everything one plain decode step reads and writes."""
+
+    kv: KVCache
+    last_token: jax.Array  # [batch] int32, not yet in the cache
+    output: jax.Array  # [batch, max_new_tokens] int32 generated tokens
+    num_generated: jax.Array  # [batch] int32
+    done: jax.Array  # [batch] bool
+    step: jax.Array  # [] int32, number of tokens emitted so far (all sequences)
+    key: jax.Array
+
+
+def decode_step(model: Model, state: DecodeState, *, params: SamplingParams, eos_ids: tuple[int, ...], impl="auto"):
+    """Feed ``last_token``, sample the next one. Finished sequences keep their output."""
+    batch = state.last_token.shape[0]
+    logits, _, kv = forward(
+        model, state.last_token[:, None], state.kv, logits_rows=jnp.zeros((batch,), jnp.int32), impl=impl
+    )
+    key, sub = jax.random.split(state.key)
+    token = sample(sub, logits, params)
+    live = ~state.done
+    output = state.output.at[:, state.step].set(jnp.where(live, token, 0))
+    return DecodeState(
+        kv=kv,
+        last_token=token,
+        output=output,
+        num_generated=state.num_generated + live,
+        done=state.done | is_eos(token, eos_ids),
+        step=state.step + 1,
+        key=key,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("params", "eos_ids", "impl"), donate_argnames=("state",))
+def decode_step_jit(model, state, *, params, eos_ids=(), impl="auto"):
+    """One donated decode step (for streaming and benchmarks); ``generate`` loops on device."""
+    return decode_step(model, state, params=params, eos_ids=eos_ids, impl=impl)
+
+
+def start_decoding(model, tokens, prompt_lengths, key, *, params, eos_ids, max_new_tokens, max_len, impl="auto"):
+    """Prefill and sample the first new token; returns the initial ``DecodeState``."""
+    batch = tokens.shape[0]
+    kv = model.init_cache(batch, max_len)
+    logits, _, kv = prefill(model, tokens, prompt_lengths, kv, impl=impl)
+    key, sub = jax.random.split(key)
+    first = sample(sub, logits, params)
+    return DecodeState(
+        kv=kv,
+        last_token=first,
+        output=jnp.zeros((batch, max_new_tokens), jnp.int32).at[:, 0].set(first),
+        num_generated=jnp.ones((batch,), jnp.int32),
+        done=is_eos(first, eos_ids),
+        step=jnp.array(1, jnp.int32),
+        key=key,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("params", "eos_ids", "max_new_tokens", "max_len", "impl"))
+def _generate_on_device(model, tokens, prompt_lengths, key, *, params, eos_ids, max_new_tokens, max_len, impl):
+    state = start_decoding(
+        model, tokens, prompt_lengths, key, params=params, eos_ids=eos_ids,
+        max_new_tokens=max_new_tokens, max_len=max_len, impl=impl,
+    )
+
+    def keep_going(s):
+        return (s.step < max_new_tokens) & ~jnp.all(s.done)
+
+    def step(s):
+        return decode_step(model, s, params=params, eos_ids=eos_ids, impl=impl)
+
+    state = jax.lax.while_loop(keep_going, step, state)
+    return state.output, state.num_generated
+
+
+def generate(
+    model: Model,
+    prompts,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_id=None,
+    key: jax.Array | None = None,
+    impl: str = "auto",
+) -> list[list[int]]:
+    """Plain autoregressive generation for a ragged batch of prompts.
+
+    Args:
+      prompts: list of token-id lists (different lengths allowed).
+      max_new_tokens: new tokens per prompt (a sequence stops early after ``eos_id``,
+        which is included in its output; ``eos_id`` may be an int or a list of ints).
+      temperature, top_k, top_p: as in HF ``generate``; ``temperature=0`` is greedy.
+      key: PRNG key for sampling (defaults to ``jax.random.key(0)``).
+      impl: kernel choice passed to the dispatchers ("auto", "pallas", "xla").
+
+    Returns the new tokens of each prompt. Raises ``ValueError`` on bad input before any compute.
+    """
+    c = model.config
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    prompts = validate_prompts(prompts, c.vocab_size, max_new_tokens, c.max_position_embeddings)
+    eos_ids = eos_tuple(eos_id)
+    if max_new_tokens == 0:
+        return [[] for _ in prompts]
+    tokens, lengths = pad_prompts(prompts)
+    max_len = cache_length(tokens.shape[1], int(lengths.max()) + max_new_tokens)
+    key = jax.random.key(0) if key is None else key
+    output, counts = _generate_on_device(
+        model, jnp.asarray(tokens), jnp.asarray(lengths), key, params=params, eos_ids=eos_ids,
+        max_new_tokens=max_new_tokens, max_len=max_len, impl=impl,
+    )
+    output, counts = np.asarray(output), np.asarray(counts)
+    return [output[b, : counts[b]].tolist() for b in range(len(prompts))]
+
+
+@functools.partial(jax.jit, static_argnames=("impl",))
+def _score_on_device(model, tokens, *, impl):
+    kv = model.init_cache(tokens.shape[0], tokens.shape[1])
+    logits, _, _ = forward(model, tokens, kv, impl=impl)
+    return logits
+
+
+def score(model: Model, token_ids, *, impl: str = "auto") -> jax.Array:
+    """Full-sequence fp32 logits ``[batch, T, vocab]`` for equal-length rows ``token_ids [batch, T]``."""
+    c = model.config
+    ids = np.asarray(token_ids)
+    if ids.ndim != 2 or ids.shape[1] == 0 or ids.shape[0] == 0:
+        raise ValueError(f"token_ids must be a non-empty [batch, T] array of equal-length rows, got shape {ids.shape}")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"token_ids must hold integer token ids, got dtype {ids.dtype}")
+    if ((ids < 0) | (ids >= c.vocab_size)).any():
+        raise ValueError(f"token_ids has ids outside the vocabulary [0, {c.vocab_size})")
+    if ids.shape[1] > c.max_position_embeddings:
+        raise ValueError(f"T={ids.shape[1]} exceeds max_position_embeddings={c.max_position_embeddings}")
+    return _score_on_device(model, jnp.asarray(ids, jnp.int32), impl=impl)

@@ -1,0 +1,62 @@
+"""Immutable KV cache: per-layer K/V buffers plus per-sequence valid lengths.
+
+Writing ``T`` rows for sequence ``b`` puts them at ``lengths[b] .. lengths[b] + T - 1``.
+Rejecting rows (draft tokens, prompt padding) only lowers ``lengths``: rows past a length
+are never read (attention masks by length) and are overwritten by later writes. Nothing is
+ever copied to roll back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    """k, v: one ``[batch, num_kv_heads, max_len, head_dim]`` array per layer; lengths ``[batch]`` int32."""
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+    lengths: jax.Array
+
+    @classmethod
+    def zeros(cls, num_layers, batch, num_kv_heads, max_len, head_dim, dtype) -> KVCache:
+        shape = (batch, num_kv_heads, max_len, head_dim)
+        return cls(
+            k=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+            v=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+            lengths=jnp.zeros((batch,), jnp.int32),
+        )
+
+    @property
+    def batch(self) -> int:
+        return self.lengths.shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.k[0].shape[2]
+
+    def truncate(self, lengths: jax.Array) -> KVCache:
+        """Keep only the first ``lengths[b]`` rows of each sequence (never grows a sequence)."""
+        return dataclasses.replace(self, lengths=jnp.minimum(self.lengths, lengths.astype(jnp.int32)))
+
+    def advance(self, num_rows) -> KVCache:
+        """Count ``num_rows`` (scalar or ``[batch]``) more rows as valid."""
+        return dataclasses.replace(self, lengths=self.lengths + jnp.asarray(num_rows, jnp.int32))
+
+
+def write_rows(buffer: jax.Array, rows: jax.Array, offsets: jax.Array) -> jax.Array:
+    """Write ``rows [batch, kv_heads, T, head_dim]`` into ``buffer`` at per-sequence ``offsets [batch]``.
+
+    A batched dynamic-update-slice: XLA lowers it to an in-place scatter, so a donated
+    buffer is updated without a copy. Callers guarantee ``offsets + T <= max_len``.
+    """
+
+    def one(buf, new, offset):
+        return jax.lax.dynamic_update_slice_in_dim(buf, new, offset, axis=1)
+
+    return jax.vmap(one)(buffer, rows.astype(buffer.dtype), offsets)

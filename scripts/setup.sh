@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Create the two environments jspec needs, at the repository root:
+#   .venv      Python 3.12: jspec itself (editable) with its test extras
+#   .venv-ref  Python 3.11: torch (CPU) + transformers, the HF oracle the parity tests call
+# Idempotent: re-running only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+find_python() {  # $1 = major.minor
+  if command -v "python$1" >/dev/null 2>&1; then command -v "python$1"; return; fi
+  if command -v pyenv >/dev/null 2>&1; then
+    local v
+    v=$(pyenv versions --bare | grep -E "^$1(\.|$)" | sort -V | tail -n 1)
+    if [ -n "$v" ]; then echo "$(pyenv root)/versions/$v/bin/python"; return; fi
+  fi
+  echo "error: Python $1 not found (install it, e.g. with pyenv)" >&2
+  exit 1
+}
+
+if [ ! -x .venv/bin/python ]; then "$(find_python 3.12)" -m venv .venv; fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[test]"
+
+if [ ! -x .venv-ref/bin/python ]; then "$(find_python 3.11)" -m venv .venv-ref; fi
+.venv-ref/bin/python -m pip install -q --upgrade pip
+# torch==2.13.0 is the CPU build available for Python 3.11 here; other specs pull CUDA builds.
+.venv-ref/bin/python -m pip install -q torch==2.13.0 transformers==5.23.0 safetensors numpy
+
+.venv/bin/python -c "import jax, jspec; print('jspec ready: jax', jax.__version__, jax.devices())"
+.venv-ref/bin/python -c "import torch, transformers; print('HF reference ready: torch', torch.__version__, 'transformers', transformers.__version__)"
