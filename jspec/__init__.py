@@ -20,3 +20,8 @@ __all__ = [
     "save",
     "score",
 ]
+
+from jspec import drafters  # noqa: E402
+from jspec.speculative import SpecResult, speculative_generate  # noqa: E402
+
+__all__ += ["SpecResult", "drafters", "speculative_generate"]

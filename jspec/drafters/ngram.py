@@ -1,0 +1,58 @@
+"""Prompt lookup: propose the tokens that followed the latest earlier occurrence of the
+sequence's last n tokens (n from ``max_ngram`` down to ``min_ngram``). Model-free and
+deterministic (``q`` is one-hot)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jspec.drafters.base import CommitContext, PrefillContext, RoundContext
+from jspec.sampling import SamplingParams
+
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class NGram:
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    capture = ()
+
+    def __post_init__(self):
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
+
+    def check_compatible(self, target) -> None:
+        pass
+
+    def max_positions(self) -> int | None:
+        return None
+
+    def prefill(self, ctx: PrefillContext, *, max_len: int):
+        return ()
+
+    def propose(self, dstate, ctx: RoundContext, *, num_draft_tokens: int, params: SamplingParams, key):
+        del params, key  # deterministic
+        history, end = ctx.history, ctx.lengths  # the sequence is history[b, : end[b] + 1]
+        capacity = history.shape[1]
+        starts = jnp.arange(capacity, dtype=jnp.int32)[None, :]  # candidate match starts
+        best_start = jnp.full(end.shape, -1, jnp.int32)  # where the continuation begins
+        for n in range(self.min_ngram, self.max_ngram + 1):  # longer n-grams overwrite shorter
+            suffix_start = end + 1 - n  # [batch]
+            matches = (starts + n <= end[:, None]) & (suffix_start[:, None] >= 0)
+            for j in range(n):
+                suffix_tok = jnp.take_along_axis(history, jnp.maximum(suffix_start + j, 0)[:, None], axis=1)
+                matches &= jnp.roll(history, -j, axis=1) == suffix_tok
+            latest = jnp.max(jnp.where(matches, starts, -1), axis=1)
+            best_start = jnp.where(latest >= 0, latest + n, best_start)
+        # Continuation tokens must be known (index <= end); unknown slots repeat the root.
+        offsets = best_start[:, None] + jnp.arange(num_draft_tokens, dtype=jnp.int32)[None, :]
+        known = (best_start[:, None] >= 0) & (offsets <= end[:, None])
+        tokens = jnp.take_along_axis(history, jnp.clip(offsets, 0, capacity - 1), axis=1)
+        return jnp.where(known, tokens, ctx.root[:, None]), None, dstate
+
+    def commit(self, dstate, ctx: CommitContext):
+        return dstate

@@ -1,0 +1,232 @@
+"""Speculative generation: one jitted round (propose, verify, accept, commit) driven by an
+on-device ``lax.while_loop``.
+
+Token bookkeeping per sequence: ``history[b]`` holds the prompt and every emitted token;
+the target cache holds ``lengths[b]`` of them, and the one at index ``lengths[b]`` is the
+*root* (the last emitted token, the first row of the next verify). A round verifies
+``[root, d_1..d_k]``, emits ``d_1..d_a`` and the correction/bonus token, and commits
+``root, d_1..d_a`` to the cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec import verify
+from jspec.drafters.base import CommitContext, PrefillContext, RoundContext
+from jspec.engine import cache_length, eos_tuple, is_eos, pad_prompts, prefill, validate_prompts
+from jspec.kv import KVCache
+from jspec.models.llama import Model, forward
+from jspec.sampling import SamplingParams, probabilities, sample
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SpecState:
+    """Everything a speculation round reads and writes."""
+
+    target_kv: KVCache
+    draft_state: Any
+    history: jax.Array  # [batch, capacity] prompt + emitted tokens
+    prompt_lengths: jax.Array  # [batch]
+    num_generated: jax.Array  # [batch] emitted tokens (the first one comes from the prefill)
+    features: tuple[jax.Array, ...]  # target features of the last cached row, [batch, hidden] each
+    done: jax.Array  # [batch] bool
+    key: jax.Array
+    rounds: jax.Array  # [batch] verify rounds in which the sequence was live
+    accepted: jax.Array  # [batch] draft tokens accepted over those rounds
+
+    @property
+    def root(self) -> jax.Array:
+        return jnp.take_along_axis(self.history, self.target_kv.lengths[:, None], axis=1)[:, 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecResult:
+    """``tokens``: new tokens per prompt (as ``jspec.generate``). ``stats``: per-sequence numpy arrays.
+
+    stats keys: ``rounds`` (verify rounds run), ``drafted`` (draft tokens proposed = rounds * k),
+    ``accepted`` (drafts accepted), ``mean_acceptance_length`` (tokens emitted per verify round,
+    counting accepted drafts plus the one correction/bonus token: ``(accepted + rounds) / rounds``).
+    """
+
+    tokens: list[list[int]]
+    stats: dict[str, np.ndarray]
+
+
+def _last_row_features(features, rows):
+    """Per-sequence row ``rows [batch]`` of each ``[batch, T, hidden]`` feature."""
+    return tuple(jnp.take_along_axis(f, rows[:, None, None], axis=1)[:, 0] for f in features)
+
+
+def start(target, drafter, tokens, prompt_lengths, key, *, params, eos_ids, capacity, max_len, impl="auto"):
+    """Target and draft prefill, first token sampled: the initial ``SpecState``."""
+    batch, width = tokens.shape
+    kv = target.init_cache(batch, max_len)
+    logits, features, kv = prefill(target, tokens, prompt_lengths, kv, capture=drafter.capture, impl=impl)
+    draft_state = drafter.prefill(PrefillContext(tokens, prompt_lengths, features), max_len=max_len)
+    key, sub = jax.random.split(key)
+    first = sample(sub, logits, params)
+    history = jnp.zeros((batch, capacity), jnp.int32).at[:, :width].set(tokens)
+    history = history.at[jnp.arange(batch), prompt_lengths].set(first)
+    zeros = jnp.zeros((batch,), jnp.int32)
+    return SpecState(
+        target_kv=kv,
+        draft_state=draft_state,
+        history=history,
+        prompt_lengths=prompt_lengths,
+        num_generated=zeros + 1,
+        features=_last_row_features(features, prompt_lengths - 1),
+        done=is_eos(first, eos_ids),
+        key=key,
+        rounds=zeros,
+        accepted=zeros,
+    )
+
+
+def speculative_round(
+    target: Model, drafter, state: SpecState, *, num_draft_tokens, params, eos_ids, max_new_tokens, impl="auto"
+) -> SpecState:
+    """One round: propose k drafts, verify them in one target forward, accept, commit."""
+    k = num_draft_tokens
+    batch = state.history.shape[0]
+    key, draft_key, accept_key = jax.random.split(state.key, 3)
+    base = state.target_kv.lengths
+    root = state.root
+    ctx = RoundContext(state.history, base, root, state.features, state.target_kv)
+    draft_tokens, draft_probs, draft_state = drafter.propose(
+        state.draft_state, ctx, num_draft_tokens=k, params=params, key=draft_key
+    )
+
+    verify_tokens = jnp.concatenate([root[:, None], draft_tokens], axis=1)  # [batch, k+1]
+    logits, features, target_kv = forward(target, verify_tokens, state.target_kv, capture=drafter.capture, impl=impl)
+    if params.greedy:
+        num_accepted, next_token = verify.greedy(logits, draft_tokens)
+    else:
+        num_accepted, next_token = verify.rejection_sample(
+            accept_key, probabilities(logits, params), draft_tokens, draft_probs
+        )
+
+    # Emit d_1..d_a then next_token, cut at the first EOS and at max_new_tokens.
+    live = ~state.done
+    emitted = jnp.concatenate([draft_tokens, next_token[:, None]], axis=1)  # [batch, k+1]
+    slot = jnp.arange(k + 1, dtype=jnp.int32)[None, :]
+    emitted = jnp.where(slot == num_accepted[:, None], next_token[:, None], emitted)
+    eos_hit = is_eos(emitted, eos_ids) & (slot <= num_accepted[:, None])
+    first_eos = jnp.min(jnp.where(eos_hit, slot, k + 1), axis=1)
+    num_emitted = jnp.minimum(num_accepted + 1, first_eos + 1)
+    num_emitted = jnp.minimum(num_emitted, max_new_tokens - state.num_generated)
+    num_emitted = jnp.where(live, num_emitted, 0)
+
+    # Write the emitted tokens after the root; the slots past num_emitted are junk that a
+    # later round overwrites (or that the caller ignores).
+    def put(row, new, at):
+        return jax.lax.dynamic_update_slice_in_dim(row, new, at, axis=0)
+
+    history = jnp.where(live[:, None], jax.vmap(put)(state.history, emitted, base + 1), state.history)
+
+    committed = jnp.where(live, num_accepted + 1, 0)  # root + accepted drafts enter the cache
+    target_kv = dataclasses.replace(target_kv, lengths=base + committed)
+    draft_state = drafter.commit(
+        draft_state, CommitContext(base, verify_tokens, num_accepted, next_token, features)
+    )
+    num_generated = state.num_generated + num_emitted
+    done = state.done | (live & (first_eos <= num_accepted)) | (num_generated >= max_new_tokens)
+    return SpecState(
+        target_kv=target_kv,
+        draft_state=draft_state,
+        history=history,
+        prompt_lengths=state.prompt_lengths,
+        num_generated=num_generated,
+        features=_last_row_features(features, num_accepted),
+        done=done,
+        key=key,
+        rounds=state.rounds + live,
+        accepted=state.accepted + jnp.where(live, num_accepted, 0),
+    )
+
+
+_STATIC = ("params", "eos_ids", "num_draft_tokens", "max_new_tokens", "capacity", "max_len", "impl")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _speculative_on_device(
+    target, drafter, tokens, prompt_lengths, key, *, params, eos_ids, num_draft_tokens, max_new_tokens, capacity, max_len, impl
+):
+    state = start(
+        target, drafter, tokens, prompt_lengths, key,
+        params=params, eos_ids=eos_ids, capacity=capacity, max_len=max_len, impl=impl,
+    )
+    state = dataclasses.replace(state, done=state.done | (max_new_tokens <= 1))
+
+    def round_(s):
+        return speculative_round(
+            target, drafter, s, num_draft_tokens=num_draft_tokens, params=params,
+            eos_ids=eos_ids, max_new_tokens=max_new_tokens, impl=impl,
+        )
+
+    state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), round_, state)
+    return state.history, state.num_generated, state.rounds, state.accepted
+
+
+def speculative_generate(
+    target: Model,
+    drafter,
+    prompts,
+    max_new_tokens: int,
+    *,
+    num_draft_tokens: int = 4,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_id=None,
+    key: jax.Array | None = None,
+    impl: str = "auto",
+) -> SpecResult:
+    """Speculative decoding for a ragged batch; same outputs as ``jspec.generate``.
+
+    Greedy (``temperature=0``) output equals plain greedy decoding token for token; sampled
+    output has exactly the target's distribution (temperature / top-k / top-p applied).
+    ``drafter``: ``jspec.drafters.DraftModel(model)``, ``jspec.drafters.NGram(...)``, ...
+    ``num_draft_tokens`` (k) drafts are verified per round. Raises ``ValueError`` on bad input.
+    """
+    c = target.config
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, (int, np.integer)) or num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens must be an int >= 1, got {num_draft_tokens!r}")
+    drafter.check_compatible(target)
+    prompts = validate_prompts(prompts, c.vocab_size, max_new_tokens, c.max_position_embeddings)
+    longest = max(len(p) for p in prompts) + max_new_tokens
+    # A verify writes k+1 rows after the last committed token, so positions run up to k past the end.
+    limits = [c.max_position_embeddings] + [m for m in [drafter.max_positions()] if m is not None]
+    if longest + num_draft_tokens > min(limits):
+        raise ValueError(
+            f"num_draft_tokens={num_draft_tokens} is too large: the longest prompt plus max_new_tokens "
+            f"({longest}) plus k must fit in max_position_embeddings={min(limits)}"
+        )
+    eos_ids = eos_tuple(eos_id)
+    if max_new_tokens == 0:
+        empty = np.zeros(len(prompts), np.int64)
+        stats = dict(rounds=empty, drafted=empty, accepted=empty, mean_acceptance_length=empty.astype(float))
+        return SpecResult([[] for _ in prompts], stats)
+    tokens, lengths = pad_prompts(prompts)
+    capacity = cache_length(tokens.shape[1], longest + num_draft_tokens + 1)
+    key = jax.random.key(0) if key is None else key
+    history, num_generated, rounds, accepted = _speculative_on_device(
+        target, drafter, jnp.asarray(tokens), jnp.asarray(lengths), key,
+        params=params, eos_ids=eos_ids, num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens,
+        capacity=capacity, max_len=capacity, impl=impl,
+    )
+    history, num_generated = np.asarray(history), np.asarray(num_generated)
+    rounds, accepted = np.asarray(rounds), np.asarray(accepted)
+    out = [history[b, lengths[b] : lengths[b] + num_generated[b]].tolist() for b in range(len(prompts))]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_len = np.where(rounds > 0, (accepted + rounds) / np.maximum(rounds, 1), 0.0)
+    stats = dict(rounds=rounds, drafted=rounds * num_draft_tokens, accepted=accepted, mean_acceptance_length=mean_len)
+    return SpecResult(out, stats)

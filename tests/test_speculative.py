@@ -1,0 +1,163 @@
+"""Speculative generation is lossless: greedy output equals plain greedy decoding token for
+token, sampled output has exactly the target distribution."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import numpy as np
+import pytest
+
+import jspec
+from jspec.drafters import DraftModel, NGram
+from jspec.sampling import SamplingParams, probabilities
+from tests.stats import assert_matches_distribution
+from tests.tiny import tiny_model
+
+MAX_NEW = 16
+
+
+def _prompts(rng, batch, vocab, repetitive=False):
+    lengths = rng.integers(1, 21, size=batch)
+    if repetitive:  # gives the n-gram drafter something to find
+        return [list(np.tile(rng.integers(0, vocab, size=3), 7)[:n]) for n in lengths]
+    return [list(rng.integers(0, vocab, size=n)) for n in lengths]
+
+
+# (seed, batch, k, eos, drafter, target overrides)
+GREEDY_CASES = [
+    (0, 1, 1, False, "draft", {}),
+    (1, 3, 2, True, "draft", dict(qkv_bias=True)),
+    (2, 4, 3, False, "draft", dict(qk_norm=True, head_dim=32)),
+    (3, 2, 5, True, "draft", dict(tie_word_embeddings=True, num_kv_heads=1)),
+    (4, 2, 3, False, "self", {}),
+    (5, 4, 5, True, "self", dict(num_kv_heads=4)),
+    (6, 1, 2, False, "ngram", {}),
+    (7, 3, 3, True, "ngram", dict(qkv_bias=True, qk_norm=True)),
+    (8, 4, 5, False, "ngram", {}),
+    (9, 2, 1, True, "ngram", {}),
+]
+
+
+def _drafter(kind, target, seed):
+    if kind == "draft":
+        return DraftModel(tiny_model(seed + 100, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16))
+    if kind == "self":
+        return DraftModel(target)
+    return NGram(max_ngram=3)
+
+
+@pytest.mark.parametrize("seed, batch, k, eos, kind, overrides", GREEDY_CASES)
+def test_greedy_speculative_equals_greedy(seed, batch, k, eos, kind, overrides):
+    target = tiny_model(seed, **overrides)
+    rng = np.random.default_rng(seed)
+    prompts = _prompts(rng, batch, target.config.vocab_size, repetitive=kind == "ngram")
+    eos_id = None
+    if eos:  # a token the plain output really emits, so some sequences stop early
+        plain = jspec.generate(target, prompts, MAX_NEW)
+        eos_id = plain[0][len(plain[0]) // 2]
+    expected = jspec.generate(target, prompts, MAX_NEW, eos_id=eos_id)
+    result = jspec.speculative_generate(target, _drafter(kind, target, seed), prompts, MAX_NEW, num_draft_tokens=k, eos_id=eos_id)
+    assert result.tokens == expected
+    stats = result.stats
+    assert (stats["accepted"] <= stats["drafted"]).all() and (stats["drafted"] == stats["rounds"] * k).all()
+    if kind == "self":  # the target drafting for itself accepts every draft
+        assert stats["accepted"].sum() >= 0.99 * stats["drafted"].sum()
+        np.testing.assert_allclose(stats["mean_acceptance_length"], k + 1)
+
+
+def _ngram_proposal(history, length, k, **kw):
+    import jax.numpy as jnp
+
+    from jspec.drafters.base import RoundContext
+
+    hist = jnp.array([history + [0] * 8])
+    lengths = jnp.array([length])
+    ctx = RoundContext(hist, lengths, hist[:, length], (), None)
+    tokens, probs, _ = NGram(**kw).propose((), ctx, num_draft_tokens=k, params=SamplingParams(), key=None)
+    assert probs is None
+    return tokens[0].tolist()
+
+
+def test_ngram_proposes_what_followed_the_latest_match():
+    # sequence 5 6 7 8 9 | 1 6 7 4 | 6 7  (root = the last 7, at index 10)
+    seq = [5, 6, 7, 8, 9, 1, 6, 7, 4, 6, 7]
+    assert _ngram_proposal(seq, 10, 2) == [4, 6]  # latest "6 7" is at 6..7, followed by 4 6
+    assert _ngram_proposal(seq, 10, 4) == [4, 6, 7, 7]  # past the known tokens: the root repeats
+    # The longest n-gram wins over a later, shorter match: "9 1 2" -> 3 0 (not 5, after the last "2").
+    assert _ngram_proposal([9, 1, 2, 3, 0, 2, 5, 9, 1, 2], 9, 2, max_ngram=3) == [3, 0]
+    # No match: the root is repeated.
+    assert _ngram_proposal([1, 2, 3], 2, 2) == [3, 3]
+
+
+# --- sampling ---------------------------------------------------------------------------
+
+SAMPLING_VOCAB = 8
+NUM_SAMPLES = 6_000
+
+
+def _exact_joint(target, prompt, params, length=3):
+    """P(first ``length`` new tokens) by enumeration: ``[vocab] * length`` array."""
+    vocab = target.config.vocab_size
+    joint = np.ones((1,))
+    for depth in range(length):
+        prefixes = list(itertools.product(range(vocab), repeat=depth))
+        seqs = np.array([prompt + list(p) for p in prefixes])
+        probs = np.asarray(probabilities(jspec.score(target, seqs)[:, -1], params), np.float64)
+        joint = (joint.reshape(-1, 1) * probs).ravel()
+    return joint
+
+
+SAMPLING_CASES = [
+    ("draft", dict(temperature=1.0)),
+    ("draft", dict(temperature=0.7, top_k=4)),
+    ("draft", dict(temperature=1.3, top_p=0.8)),
+    ("ngram", dict(temperature=1.0)),
+]
+
+
+@pytest.mark.parametrize("kind, sampling", SAMPLING_CASES)
+def test_sampled_speculative_has_the_target_distribution(kind, sampling):
+    target = tiny_model(11, vocab_size=SAMPLING_VOCAB)
+    drafter = (
+        DraftModel(tiny_model(12, vocab_size=SAMPLING_VOCAB, num_layers=1)) if kind == "draft" else NGram(max_ngram=2)
+    )
+    prompt = [1, 5, 1, 5, 2]
+    result = jspec.speculative_generate(
+        target, drafter, [prompt] * NUM_SAMPLES, 3, num_draft_tokens=2, key=jax.random.key(3), **sampling
+    )
+    tokens = np.array(result.tokens)
+    index = (tokens * SAMPLING_VOCAB ** np.arange(2, -1, -1)).sum(axis=1)
+    assert_matches_distribution(index, _exact_joint(target, prompt, SamplingParams(**sampling)))
+
+
+def test_identical_draft_accepts_everything_when_sampling():
+    target = tiny_model(13, vocab_size=SAMPLING_VOCAB)
+    result = jspec.speculative_generate(
+        target, DraftModel(target), [[1, 2, 3]] * 64, 12, num_draft_tokens=3, temperature=1.0, key=jax.random.key(0)
+    )
+    assert result.stats["accepted"].sum() >= 0.99 * result.stats["drafted"].sum()
+
+
+# --- bad input ---------------------------------------------------------------------------
+
+
+def test_bad_input_is_rejected():
+    target = tiny_model(0)
+    good = DraftModel(tiny_model(1, num_layers=1))
+    with pytest.raises(ValueError, match="draft vocab_size 50 != target vocab_size 97"):
+        jspec.speculative_generate(target, DraftModel(tiny_model(1, vocab_size=50)), [[1, 2]], 4)
+    for bad_k in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="num_draft_tokens must be an int >= 1"):
+            jspec.speculative_generate(target, good, [[1, 2]], 4, num_draft_tokens=bad_k)
+    with pytest.raises(ValueError, match="num_draft_tokens=8 is too large"):
+        jspec.speculative_generate(target, good, [[1] * 200], 50, num_draft_tokens=8)
+    with pytest.raises(ValueError, match="top_p"):
+        jspec.speculative_generate(target, good, [[1, 2]], 4, temperature=1.0, top_p=2.0)
+    with pytest.raises(ValueError, match="temperature"):
+        jspec.speculative_generate(target, NGram(), [[1, 2]], 4, temperature=-0.5)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        jspec.speculative_generate(target, NGram(), [[1, 97]], 4)
+    with pytest.raises(ValueError, match="min_ngram"):
+        NGram(max_ngram=1, min_ngram=2)
