@@ -109,7 +109,7 @@ class DecodeState:
 
     kv: KVCache
     last_token: jax.Array  # [batch] int32, not yet in the cache
-    output: jax.Array  # [batch, max_new_tokens] int32 generated tokens
+    output: jax.Array  # [batch, output_width] int32 generated tokens
     num_generated: jax.Array  # [batch] int32
     done: jax.Array  # [batch] bool
     step: jax.Array  # [] int32, number of tokens emitted so far (all sequences)
@@ -143,7 +143,7 @@ def decode_step_jit(model, state, *, params, eos_ids=(), impl="auto"):
     return decode_step(model, state, params=params, eos_ids=eos_ids, impl=impl)
 
 
-def start_decoding(model, tokens, prompt_lengths, key, *, params, eos_ids, max_new_tokens, max_len, impl="auto"):
+def start_decoding(model, tokens, prompt_lengths, key, *, params, eos_ids, output_width, max_len, impl="auto"):
     """Prefill and sample the first new token; returns the initial ``DecodeState``."""
     batch = tokens.shape[0]
     kv = model.init_cache(batch, max_len)
@@ -153,7 +153,7 @@ def start_decoding(model, tokens, prompt_lengths, key, *, params, eos_ids, max_n
     return DecodeState(
         kv=kv,
         last_token=first,
-        output=jnp.zeros((batch, max_new_tokens), jnp.int32).at[:, 0].set(first),
+        output=jnp.zeros((batch, output_width), jnp.int32).at[:, 0].set(first),
         num_generated=jnp.ones((batch,), jnp.int32),
         done=is_eos(first, eos_ids),
         step=jnp.array(1, jnp.int32),
@@ -161,11 +161,23 @@ def start_decoding(model, tokens, prompt_lengths, key, *, params, eos_ids, max_n
     )
 
 
-@functools.partial(jax.jit, static_argnames=("params", "eos_ids", "max_new_tokens", "max_len", "impl"))
-def _generate_on_device(model, tokens, prompt_lengths, key, *, params, eos_ids, max_new_tokens, max_len, impl):
+def output_width(max_new_tokens: int) -> int:
+    """Output buffer width: a power of two, so nearby ``max_new_tokens`` share one program."""
+    return prompt_bucket(max_new_tokens)
+
+
+@functools.partial(jax.jit, static_argnames=("params", "eos_ids", "output_width", "max_len", "impl"))
+def generate_on_device(
+    model, tokens, prompt_lengths, key, max_new_tokens, *, params, eos_ids, output_width, max_len, impl="auto"
+):
+    """Prefill, then decode in a ``lax.while_loop`` until every sequence is done.
+
+    ``max_new_tokens`` is a traced scalar (<= ``output_width``). Returns the output buffer
+    ``[batch, output_width]`` and the number of valid tokens per sequence ``[batch]``.
+    """
     state = start_decoding(
         model, tokens, prompt_lengths, key, params=params, eos_ids=eos_ids,
-        max_new_tokens=max_new_tokens, max_len=max_len, impl=impl,
+        output_width=output_width, max_len=max_len, impl=impl,
     )
 
     def keep_going(s):
@@ -209,11 +221,11 @@ def generate(
     if max_new_tokens == 0:
         return [[] for _ in prompts]
     tokens, lengths = pad_prompts(prompts)
-    max_len = cache_length(tokens.shape[1], int(lengths.max()) + max_new_tokens)
+    max_len = cache_length(tokens.shape[1], int(lengths.max()) + output_width(max_new_tokens))
     key = jax.random.key(0) if key is None else key
-    output, counts = _generate_on_device(
-        model, jnp.asarray(tokens), jnp.asarray(lengths), key, params=params, eos_ids=eos_ids,
-        max_new_tokens=max_new_tokens, max_len=max_len, impl=impl,
+    output, counts = generate_on_device(
+        model, jnp.asarray(tokens), jnp.asarray(lengths), key, jnp.int32(max_new_tokens),
+        params=params, eos_ids=eos_ids, output_width=output_width(max_new_tokens), max_len=max_len, impl=impl,
     )
     output, counts = np.asarray(output), np.asarray(counts)
     return [output[b, : counts[b]].tolist() for b in range(len(prompts))]

@@ -17,7 +17,7 @@ def test_decode_step_aliases_and_never_copies_the_cache():
     params = SamplingParams()
     state = engine.start_decoding(
         model, jnp.ones((2, 16), jnp.int32), jnp.array([3, 9]), jax.random.key(0),
-        params=params, eos_ids=(), max_new_tokens=4, max_len=256,
+        params=params, eos_ids=(), output_width=4, max_len=256,
     )
     hlo = engine.decode_step_jit.lower(model, state, params=params).compile().as_text()
     header = hlo.splitlines()[0]
@@ -39,7 +39,7 @@ def test_decode_step_continues_generation():
     tokens, lengths = engine.pad_prompts(prompts)
     state = engine.start_decoding(
         model, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.key(0),
-        params=params, eos_ids=(), max_new_tokens=5, max_len=128,
+        params=params, eos_ids=(), output_width=5, max_len=128,
     )
     for _ in range(4):
         state = engine.decode_step_jit(model, state, params=params)
