@@ -30,3 +30,28 @@ def on_gpu() -> bool:
 def interpret_mode() -> bool:
     """Pallas kernels run in the HLO interpreter everywhere but on a GPU."""
     return not on_gpu()
+
+
+_WARMED_UP = False
+
+
+def warm_up_interpret() -> None:
+    """Run one trivial interpret-mode Pallas kernel, once per process.
+
+    The first interpret-mode ``pallas_call`` in a process makes the next jitted call retrace once
+    (JAX_PALLAS_NOTES.md §4.2); doing it here, on a tiny kernel, keeps that cost off the kernels
+    under test or benchmark.
+    """
+    global _WARMED_UP
+    if _WARMED_UP:
+        return
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    def add_one(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + 1.0
+
+    fn = jax.jit(lambda x: pl.pallas_call(add_one, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=True)(x))
+    for _ in range(2):
+        fn(jnp.zeros((16,), jnp.float32)).block_until_ready()
+    _WARMED_UP = True

@@ -2,22 +2,239 @@
 
 Shapes: x [M, K] (small M), w [K, N] -> [M, N] in x's dtype, fp32 accumulation.
 Leading batch dims of x are flattened into M.
+
+The cost of ``x @ w`` for M = 1..64 is reading ``w`` once, so the Pallas kernel is a
+weight-streaming GEMV/GEMM (Triton backend):
+
+* grid ``(cdiv(N, block_n), split_k)``: each program owns one ``block_n`` column tile of
+  ``w`` and one of ``split_k`` contiguous K ranges (split-K when the N tiles alone do not
+  fill the GPU's SMs); it loops over its K range in ``block_k`` steps with a
+  ``fori_loop`` that Triton software-pipelines ``num_stages`` deep;
+* the rows of ``x`` are padded to ``block_m = max(16, next_pow2(M))`` *inside* the kernel
+  (a masked load), the minimum size of a 16-bit tensor-core dot;
+* K and N that are not multiples of the block are handled with masked loads and stores
+  (never an out-of-bounds ref slice; masks are only emitted where the shape needs them,
+  so aligned shapes stream unmasked);
+* with ``split_k > 1`` the kernel writes fp32 partial sums ``[split_k, M, N]`` that one
+  small XLA fusion adds up and casts.
+
+``skinny_matmul(..., impl="auto")`` uses the kernel only on a GPU and only for the shapes
+where ``benchmarks/skinny_matmul*.json`` showed it faster than XLA's dot: one row (M = 1)
+with 1024 <= N <= 32768 and K >= 1024, 16-bit operands (see ``_auto_uses_pallas``);
+everywhere else (CPU, M >= 2, prefill) it is the reference. ``impl="pallas"`` takes any
+M <= 64 (tilings: ``default_config``, swept per M bucket for the Llama-3.1-8B shapes).
 """
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+import dataclasses
+import functools
+import math
 
-from pallas_kernels._dispatch import check_impl
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels._dispatch import check_impl, interpret_mode, on_gpu
+
+MAX_M = 64  # the kernel's row limit; larger M (prefill) goes to XLA
+_NUM_SMS = 132  # H100 SXM; the split-K heuristic aims at a few waves of programs
+_SMEM_LIMIT = 220 * 1024  # pipelined tile bytes per program (227 KiB max); fewer stages beyond
 
 
 def skinny_matmul_reference(x, w):
-    return jnp.matmul(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+    # fp32 operands: full fp32 (no TF32). 16-bit operands: default precision, which is
+    # already bf16 x bf16 -> fp32; HIGHEST there made XLA's M = 1 dot 3x slower on H100.
+    f32 = jnp.dtype(jnp.float32) in (jnp.dtype(x.dtype), jnp.dtype(w.dtype))
+    precision = jax.lax.Precision.HIGHEST if f32 else None
+    return jnp.matmul(x, w, precision=precision,
+                      preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class SkinnyConfig:
+    """Tiling of the Pallas kernel (all sizes static)."""
+
+    block_n: int = 64
+    block_k: int = 256
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+# Best tilings from the sweep in benchmarks/skinny_matmul.json (H200, jax 0.11.2), for the
+# Llama-3.1-8B shapes, by M bucket (M <= 2 -> 1, 3..16 -> 8, 17..64 -> 32):
+# (block_n, block_k, split_k, num_warps, num_stages).
+_TUNED = {
+    (4096, 4096): {1: (128, 128, 8, 4, 4), 8: (128, 128, 8, 4, 4), 32: (32, 128, 4, 4, 4)},
+    (4096, 14336): {1: (128, 128, 2, 4, 4), 8: (64, 256, 1, 4, 4), 32: (64, 256, 1, 4, 4)},
+    (14336, 4096): {1: (128, 128, 8, 4, 4), 8: (128, 64, 16, 4, 6), 32: (128, 128, 8, 4, 4)},
+    (4096, 128256): {1: (128, 128, 1, 4, 4), 8: (128, 64, 1, 4, 6), 32: (128, 128, 1, 4, 3)},
+}
+
+
+def _m_bucket(m: int) -> int:
+    return 1 if m <= 2 else 8 if m <= 16 else 32
+
+
+def default_config(m: int, k: int, n: int, itemsize: int = 2) -> SkinnyConfig:
+    """Tiling for x [m, k] @ w [k, n]: the swept table where it has the shape, else the
+    rule that won the sweep at M = 1 on every swept shape: 128 x 128 tiles, split-K up to
+    >= 1.5 waves of programs (keeping >= 2 K steps per program), 4 warps, 4 stages."""
+    if itemsize == 2 and (k, n) in _TUNED:
+        return SkinnyConfig(*_TUNED[(k, n)][_m_bucket(m)])
+    block_n = min(128, _pow2_at_least(n, 16))
+    block_k = min(128 if itemsize <= 2 else 64, _pow2_at_least(k, 16))
+    tiles = pl.cdiv(n, block_n)
+    split_k = 1
+    while tiles * split_k < 1.5 * _NUM_SMS and pl.cdiv(k, 2 * split_k) >= 2 * block_k:
+        split_k *= 2
+    return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split_k,
+                        num_warps=4, num_stages=4)
+
+
+def _pow2_at_least(v: int, lo: int) -> int:
+    return max(lo, 1 << max(0, math.ceil(math.log2(max(v, 1)))))
+
+
+def _kernel(x_ref, w_ref, o_ref, *, m, k, n, block_m, block_k, block_n, k_per_split,
+            mask_m, mask_k, mask_n, compute_dtype, precision):
+    # x_ref: [block_m, k_per_split]   (rows >= m and cols >= k are out of the array)
+    # w_ref: [k_per_split, block_n]
+    # o_ref: [block_m, block_n]      (squeezed split dim when split_k > 1)
+    pid_n = pl.program_id(0)
+    pid_s = pl.program_id(1)
+    num_k_steps = k_per_split // block_k
+
+    row_ok = (jnp.arange(block_m) < m) if mask_m else None
+    col_ok = (pid_n * block_n + jnp.arange(block_n) < n) if mask_n else None
+
+    def body(step, acc):
+        kk = pl.multiple_of(step * block_k, block_k)
+        k_ok = None
+        if mask_k:
+            k_ok = pid_s * k_per_split + kk + jnp.arange(block_k) < k
+        x_mask = _and2d(row_ok, k_ok)
+        w_mask = _and2d(k_ok, col_ok)
+        xb = _load(x_ref.at[:, pl.ds(kk, block_k)], x_mask)
+        wb = _load(w_ref.at[pl.ds(kk, block_k), :], w_mask)
+        return acc + jnp.dot(xb.astype(compute_dtype), wb.astype(compute_dtype),
+                             precision=precision, preferred_element_type=jnp.float32)
+
+    acc = jax.lax.fori_loop(0, num_k_steps, body,
+                            jnp.zeros((block_m, block_n), jnp.float32))
+    out_mask = _and2d(row_ok, col_ok)
+    plgpu.store(o_ref.at[:, :], acc.astype(o_ref.dtype), mask=out_mask)
+
+
+def _and2d(rows, cols):
+    if rows is None and cols is None:
+        return None
+    if rows is None:
+        return cols[None, :]
+    if cols is None:
+        return rows[:, None]
+    return rows[:, None] & cols[None, :]
+
+
+def _load(ref, mask):
+    if mask is None:
+        return plgpu.load(ref)
+    mask = jnp.broadcast_to(mask, ref.shape)
+    return plgpu.load(ref, mask=mask, other=0)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "interpret"))
+def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool):
+    m, k = x.shape
+    k2, n = w.shape
+    assert k == k2, (x.shape, w.shape)
+    if m > MAX_M:
+        raise ValueError(f"the skinny-matmul kernel takes at most {MAX_M} rows, got {m}")
+    cfg = config
+    block_m = _pow2_at_least(m, 16)
+    block_k, block_n, split_k = cfg.block_k, cfg.block_n, cfg.split_k
+    for name, v in (("block_k", block_k), ("block_n", block_n)):
+        if v < 16 or v & (v - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {v}")
+    itemsize = jnp.dtype(jnp.promote_types(x.dtype, w.dtype)).itemsize
+    num_stages = cfg.num_stages  # Triton allocates num_stages buffers of both tiles
+    while num_stages > 1 and (num_stages * (block_k * block_n + block_m * block_k)
+                              * itemsize > _SMEM_LIMIT):
+        num_stages -= 1
+    steps = pl.cdiv(pl.cdiv(k, split_k), block_k)
+    k_per_split = steps * block_k
+    split_k = pl.cdiv(k, k_per_split)  # drop splits that would be empty
+    grid = (pl.cdiv(n, block_n), split_k)
+    compute_dtype = jnp.promote_types(x.dtype, w.dtype)
+    precision = (jax.lax.Precision.HIGHEST if compute_dtype == jnp.float32
+                 else jax.lax.Precision.DEFAULT)
+    kernel = functools.partial(
+        _kernel, m=m, k=k, n=n, block_m=block_m, block_k=block_k, block_n=block_n,
+        k_per_split=k_per_split, mask_m=block_m != m,
+        mask_k=split_k * k_per_split != k, mask_n=n % block_n != 0,
+        compute_dtype=compute_dtype, precision=precision)
+    in_specs = [
+        pl.BlockSpec((block_m, k_per_split), lambda i, s: (0, s)),
+        pl.BlockSpec((k_per_split, block_n), lambda i, s: (s, i)),
+    ]
+    if split_k == 1:
+        out_shape = jax.ShapeDtypeStruct((m, n), x.dtype)
+        out_spec = pl.BlockSpec((block_m, block_n), lambda i, s: (0, i))
+    else:
+        out_shape = jax.ShapeDtypeStruct((split_k, m, n), jnp.float32)
+        out_spec = pl.BlockSpec((None, block_m, block_n), lambda i, s: (s, 0, i))
+    out = pl.pallas_call(
+        kernel,
+        out_shape=out_shape,
+        grid=grid,
+        in_specs=in_specs,
+        out_specs=out_spec,
+        compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps,
+                                             num_stages=num_stages),
+        interpret=interpret,
+        name="skinny_matmul",
+    )(x, w)
+    if split_k > 1:
+        out = out.sum(axis=0).astype(x.dtype)
+    return out
+
+
+def skinny_matmul_pallas(x, w, *, config: SkinnyConfig | None = None, interpret=None):
+    """The Pallas kernel for x [..., K] (at most MAX_M rows after flattening), w [K, N]."""
+    if interpret is None:
+        interpret = interpret_mode()
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if config is None:
+        config = default_config(x2.shape[0], w.shape[0], w.shape[1],
+                                jnp.dtype(jnp.promote_types(x.dtype, w.dtype)).itemsize)
+    out = _skinny_matmul_pallas_2d(x2, w, config=config, interpret=bool(interpret))
+    return out.reshape(*lead, w.shape[1])
+
+
+def _auto_uses_pallas(m: int, k: int, n: int, x_dtype, w_dtype) -> bool:
+    """The ``impl="auto"`` rule on a GPU (benchmarks/skinny_matmul*.json, H100 and H200).
+
+    The kernel beat XLA's dot only for a single row (M = 1: decode at batch 1, each draft
+    step): by 4-40% on 2048/4096/8192/14336-sized projections, where XLA's M = 1 dot is
+    weak. At M >= 2 XLA was as fast or faster, and on the LM head (N = 128256) they tie.
+    """
+    half = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    return (m == 1 and jnp.dtype(x_dtype) == jnp.dtype(w_dtype)
+            and jnp.dtype(x_dtype) in half and k >= 1024 and 1024 <= n <= 32768)
 
 
 def skinny_matmul(x, w, *, impl="auto"):
     """Dispatcher: ``x @ w`` for x [..., K], w [K, N] -> [..., N]."""
     impl = check_impl(impl)
+    m = math.prod(x.shape[:-1])
     if impl == "pallas":
-        raise NotImplementedError("the Pallas skinny-matmul kernel is not implemented yet")
+        if m > MAX_M:
+            raise ValueError(
+                f"the skinny-matmul kernel takes at most {MAX_M} rows, got {m}; use impl='auto'")
+        return skinny_matmul_pallas(x, w)
+    if impl == "auto" and on_gpu() and _auto_uses_pallas(m, *w.shape, x.dtype, w.dtype):
+        return skinny_matmul_pallas(x, w, interpret=False)
     return skinny_matmul_reference(x, w)

@@ -1,0 +1,104 @@
+"""Skinny matmul (few rows x big weights): the Pallas kernel in interpret mode vs the reference.
+
+Interpret mode pads inputs to whole blocks with NaN and starts outputs as NaN, so a finite
+result equal to the reference means every output element was written and no padded input
+reached the dot unmasked.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import skinny_matmul, skinny_matmul_reference
+
+sm = importlib.import_module("pallas_kernels.skinny_matmul")  # the module (the package exports the fn)
+SkinnyConfig = sm.SkinnyConfig
+
+# K, N are not multiples of the blocks; split-K leaves a ragged last split.
+K, N = 200, 150
+CFG = SkinnyConfig(block_n=64, block_k=64, split_k=2, num_warps=4, num_stages=3)
+
+
+def _inputs(m, k, n, dtype, seed=0):
+    kx, kw = jax.random.split(jax.random.key(seed))
+    x = jax.random.normal(kx, (m, k), jnp.float32).astype(dtype)
+    w = (jax.random.normal(kw, (k, n), jnp.float32) / np.sqrt(k)).astype(dtype)
+    return x, w
+
+
+def _check(out, x, w):
+    ref = skinny_matmul_reference(x, w)
+    assert out.shape == ref.shape and out.dtype == x.dtype
+    out32 = np.asarray(out.astype(jnp.float32))
+    assert np.isfinite(out32).all(), "unwritten (NaN-poisoned) or NaN-contaminated output"
+    if x.dtype == jnp.bfloat16:
+        # fp32 accumulation in both; only the summation order differs -> <= 1 bf16 ulp
+        np.testing.assert_allclose(out32, np.asarray(ref.astype(jnp.float32)), rtol=1e-2, atol=1e-2)
+    else:
+        np.testing.assert_allclose(out32, np.asarray(ref), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("m", [1, 3, 5, 8, 17, 64])
+def test_kernel_matches_reference(m, dtype):
+    x, w = _inputs(m, K, N, dtype, seed=m)
+    _check(sm.skinny_matmul_pallas(x, w, config=CFG, interpret=True), x, w)
+
+
+@pytest.mark.parametrize(
+    "m,k,n,cfg",
+    [
+        (4, 256, 128, SkinnyConfig(block_n=64, block_k=64, split_k=4)),  # aligned: no masks at all
+        (1, 300, 40, SkinnyConfig(block_n=64, block_k=128, split_k=8)),  # splits beyond K dropped
+        (16, 70, 33, None),  # default config: no split, blocks bigger than K and N
+    ],
+)
+def test_kernel_tilings(m, k, n, cfg):
+    x, w = _inputs(m, k, n, jnp.bfloat16, seed=k)
+    _check(sm.skinny_matmul_pallas(x, w, config=cfg, interpret=True), x, w)
+
+
+def test_dispatcher_pallas_flattens_leading_dims():
+    x, w = _inputs(6, K, N, jnp.bfloat16)
+    x3 = x.reshape(2, 3, K)
+    out = skinny_matmul(x3, w, impl="pallas")  # interpret mode off-GPU
+    assert out.shape == (2, 3, N)
+    _check(out.reshape(6, N), x, w)
+
+
+def test_dispatcher_auto_and_xla_are_the_reference_on_cpu():
+    x, w = _inputs(4, K, N, jnp.bfloat16)
+    ref = skinny_matmul_reference(x, w)
+    for impl in ("auto", "xla"):
+        np.testing.assert_array_equal(np.asarray(skinny_matmul(x, w, impl=impl)), np.asarray(ref))
+    big = jnp.ones((100, K), jnp.bfloat16)  # prefill-sized M: auto is the reference
+    assert skinny_matmul(big, w).shape == (100, N)
+    with pytest.raises(ValueError):
+        skinny_matmul(big, w, impl="pallas")
+    with pytest.raises(ValueError):
+        skinny_matmul(x, w, impl="triton")
+
+
+def test_auto_rule():
+    bf = jnp.bfloat16
+    assert sm._auto_uses_pallas(1, 4096, 14336, bf, bf)
+    assert sm._auto_uses_pallas(1, 2048, 3072, bf, bf)
+    assert not sm._auto_uses_pallas(2, 4096, 14336, bf, bf)  # XLA is as fast from M = 2
+    assert not sm._auto_uses_pallas(1, 4096, 128256, bf, bf)  # LM head: a tie, keep XLA
+    assert not sm._auto_uses_pallas(1, 4096, 4096, jnp.float32, jnp.float32)
+    assert not sm._auto_uses_pallas(1, 256, 256, bf, bf)
+    assert not sm._auto_uses_pallas(128, 4096, 4096, bf, bf)
+
+
+@pytest.mark.parametrize("m", [1, 5, 64])
+@pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 14336), (2048, 3072), (8192, 2048), (4096, 128256)])
+def test_default_config_is_valid(m, k, n):
+    c = sm.default_config(m, k, n)
+    for b in (c.block_n, c.block_k):
+        assert b >= 16 and b & (b - 1) == 0
+    assert c.split_k >= 1 and -(-k // c.split_k) >= c.block_k  # every split has >= 1 K step
