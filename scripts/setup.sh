@@ -6,22 +6,28 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-find_python() {  # $1 = major.minor
-  if command -v "python$1" >/dev/null 2>&1; then command -v "python$1"; return; fi
+find_python() {  # $1 = major.minor; prints a working interpreter of that version
+  local candidates=() v
   if command -v pyenv >/dev/null 2>&1; then
-    local v
-    v=$(pyenv versions --bare | grep -E "^$1(\.|$)" | sort -V | tail -n 1)
-    if [ -n "$v" ]; then echo "$(pyenv root)/versions/$v/bin/python"; return; fi
+    for v in $(pyenv versions --bare 2>/dev/null | grep -E "^$1(\.[0-9]+)?$" | sort -V -r); do
+      candidates+=("$(pyenv root)/versions/$v/bin/python")
+    done
   fi
+  candidates+=("$(command -v "python$1" 2>/dev/null || true)")
+  for c in "${candidates[@]}"; do  # pyenv shims exist even when they cannot run
+    if [ -n "$c" ] && "$c" -c "import sys; assert sys.version.startswith('$1')" >/dev/null 2>&1; then
+      echo "$c"; return
+    fi
+  done
   echo "error: Python $1 not found (install it, e.g. with pyenv)" >&2
   exit 1
 }
 
-if [ ! -x .venv/bin/python ]; then "$(find_python 3.12)" -m venv .venv; fi
+if [ ! -x .venv/bin/python ]; then py=$(find_python 3.12); "$py" -m venv .venv; fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[test]"
 
-if [ ! -x .venv-ref/bin/python ]; then "$(find_python 3.11)" -m venv .venv-ref; fi
+if [ ! -x .venv-ref/bin/python ]; then py=$(find_python 3.11); "$py" -m venv .venv-ref; fi
 .venv-ref/bin/python -m pip install -q --upgrade pip
 # torch==2.13.0 is the CPU build available for Python 3.11 here; other specs pull CUDA builds.
 .venv-ref/bin/python -m pip install -q torch==2.13.0 transformers==5.23.0 safetensors numpy
