@@ -1,0 +1,589 @@
+#!/usr/bin/env python
+"""Benchmarks (and GPU correctness checks) for the jspec Pallas kernels.
+
+Subcommands (``python scripts/bench_kernels.py <cmd> --help``):
+
+  copy-bandwidth    device copy bandwidth (torch ``copy_`` if torch imports, else a JAX copy)
+  check             kernels vs their jnp references on the current device (exit 1 on a mismatch)
+  decode-attention  decode / verify attention: Pallas kernel vs jnp reference vs cuDNN
+  gather-rows       last-position slicing (+ RMSNorm): Pallas kernel vs XLA gather + norm
+  plot              PNG from a decode-attention JSON
+  merge             merge decode-attention JSONs of several runs (later runs win) + PNG
+  all               all of the above into --out (JSON + PNG), the recorded run
+
+Timing: each measurement jits ``--inner`` dependent calls (the output of one call feeds the
+next, so nothing is hoisted or fused across calls and host dispatch is amortised), runs it
+twice to warm up, then reports the median over ``--repeats`` runs divided by ``--inner``.
+Bandwidth = bytes of K and V the attention must read (``batch * kv_heads * length * head_dim *
+2 tensors * itemsize``) / time, compared with the copy bandwidth measured in the same run.
+
+Reproduce the recorded numbers (GPU machine, from the repository root):
+
+  PYTHONPATH=. python scripts/bench_kernels.py all --out benchmarks
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+# ---------------------------------------------------------------------------------------------
+# shared helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _ints(text):
+    return [int(t) for t in str(text).split(",") if t]
+
+
+def device_info():
+    import jax
+
+    dev = jax.devices()[0]
+    return dict(
+        device=getattr(dev, "device_kind", str(dev)),
+        platform=dev.platform,
+        jax_version=jax.__version__,
+        python=platform.python_version(),
+        date=time.strftime("%Y-%m-%d %H:%M:%S"),
+    )
+
+
+def time_chained(step, carry, *args, inner=10, repeats=10):
+    """Median seconds per call of ``carry = step(carry, *args)``, ``inner`` calls per jit."""
+    import jax
+
+    def chained(c, *a):
+        for _ in range(inner):
+            c = step(c, *a)
+        return c
+
+    fn = jax.jit(chained)
+    for _ in range(2):  # two warm-ups: compile, and the once-per-process Pallas retrace
+        jax.block_until_ready(fn(carry, *args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(carry, *args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / inner
+
+
+def copy_bandwidth(nbytes=2 << 30, repeats=20):
+    """Bytes read + written per second of a device-to-device copy (torch if available)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ImportError
+        x = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+        y = torch.empty_like(x)
+        for _ in range(3):
+            y.copy_(x)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            y.copy_(x)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        del x, y
+        torch.cuda.empty_cache()
+        return dict(method="torch copy_", bytes=nbytes, tb_s=2 * nbytes / statistics.median(times) / 1e12)
+    except Exception:  # noqa: BLE001 - any torch trouble: fall back to JAX
+        import jax
+        import jax.numpy as jnp
+
+        x = jnp.zeros((nbytes // 2,), jnp.bfloat16)
+        t = time_chained(lambda c: c + jnp.asarray(1, c.dtype), x, inner=4, repeats=repeats)
+        return dict(method="jax x + 1", bytes=nbytes, tb_s=2 * nbytes / t / 1e12)
+
+
+# ---------------------------------------------------------------------------------------------
+# correctness on the device
+# ---------------------------------------------------------------------------------------------
+
+
+def _decode_check_cases():
+    # (name, case kwargs, call kwargs)
+    base = dict(num_q_heads=32, num_kv_heads=8, head_dim=128)
+    return [
+        ("decode_gqa4_d128_bf16", dict(batch=4, num_q=1, max_len=4096, dtype="bfloat16", **base), {}),
+        ("verify_gqa4_d128_bf16", dict(batch=3, num_q=5, max_len=3001, dtype="bfloat16", **base), {}),
+        ("tree9_window_bf16", dict(batch=2, num_q=9, max_len=2048, dtype="bfloat16", tree=True, **base), dict(window=700)),
+        ("tree40_two_words_f32", dict(batch=2, num_q=40, num_q_heads=4, num_kv_heads=4, max_len=512, head_dim=64,
+                                      dtype="float32", tree=True), {}),
+        ("decode_mha_d64_f32", dict(batch=2, num_q=1, num_q_heads=8, num_kv_heads=8, max_len=1000, head_dim=64,
+                                    dtype="float32"), {}),
+        ("verify_gqa8_d256_bf16", dict(batch=2, num_q=4, num_q_heads=16, num_kv_heads=2, max_len=1536, head_dim=256,
+                                       dtype="bfloat16"), dict(scale=0.05)),
+        ("prefill_t128_gqa4_bf16", dict(batch=2, num_q=128, max_len=1024, dtype="bfloat16", **base), dict(window=300)),
+        ("decode_128k_b1_bf16", dict(batch=1, num_q=1, max_len=131072, dtype="bfloat16", **base), {}),
+        ("decode_m4_gqa1_16_bf16", dict(batch=1, num_q=1, num_q_heads=4, num_kv_heads=4, max_len=256, head_dim=128,
+                                        dtype="bfloat16"), {}),
+    ]
+
+
+def make_case(seed, *, batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, tree=False):
+    """Random q/k/v (cache rows past each length NaN-poisoned), ragged lengths incl. num_q and max_len."""
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((batch, num_q, num_q_heads, head_dim))
+    k = rng.standard_normal((batch, num_kv_heads, max_len, head_dim)).astype(np.float32)
+    v = rng.standard_normal((batch, num_kv_heads, max_len, head_dim)).astype(np.float32)
+    lengths = rng.integers(num_q, max_len + 1, size=batch)
+    lengths[0] = max_len
+    if batch > 1:
+        lengths[-1] = num_q
+    for b in range(batch):
+        k[b, :, lengths[b]:] = np.nan
+        v[b, :, lengths[b]:] = np.nan
+    tail_mask, depth = None, np.arange(num_q)[None, :].repeat(batch, 0)
+    if tree:
+        tail_mask = np.zeros((batch, num_q, num_q), bool)
+        depth = np.zeros((batch, num_q), np.int32)
+        for b in range(batch):
+            tail_mask[b, 0, 0] = True
+            for c in range(1, num_q):
+                parent = int(rng.integers(0, c))
+                tail_mask[b, c] = tail_mask[b, parent]
+                tail_mask[b, c, c] = True
+                depth[b, c] = depth[b, parent] + 1
+    positions = lengths[:, None] - num_q + depth
+    return dict(
+        q=jnp.asarray(q, dtype), k=jnp.asarray(k, dtype), v=jnp.asarray(v, dtype),
+        kv_lengths=jnp.asarray(lengths, jnp.int32), q_positions=jnp.asarray(positions, jnp.int32),
+        tail_mask=None if tail_mask is None else jnp.asarray(tail_mask),
+    )
+
+
+def run_check(max_len_cap=None):
+    import zlib
+
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels import decode_attention, gather_rows
+
+    results = []
+    ok_all = True
+    for name, case_kw, call_kw in _decode_check_cases():
+        if max_len_cap and case_kw["max_len"] > max_len_cap:
+            continue
+        dtype = jnp.dtype(case_kw.pop("dtype"))
+        case = make_case(zlib.crc32(name.encode()) % 1000, dtype=dtype, **case_kw)
+        fns = {
+            impl: jax.jit(
+                lambda q, k, v, l, p, t, impl=impl: decode_attention(
+                    q, k, v, l, q_positions=p, tail_mask=t, impl=impl, **call_kw
+                )
+            )
+            for impl in ("pallas", "xla")
+        }
+        a = (case["q"], case["k"], case["v"], case["kv_lengths"], case["q_positions"], case["tail_mask"])
+        entry = dict(name=name, **{k: v for k, v in case_kw.items()}, dtype=str(dtype), **call_kw)
+        try:
+            out = np.asarray(fns["pallas"](*a), np.float32)
+            ref = np.asarray(fns["xla"](*a), np.float32)
+            err = float(np.max(np.abs(out - ref)))
+            tol = 2e-5 if dtype == jnp.float32 else 2e-2
+            finite = bool(np.isfinite(out).all())
+            passed = finite and bool(np.allclose(out, ref, atol=tol, rtol=tol))
+            entry.update(max_abs_err=err, finite=finite, passed=passed)
+        except Exception as exc:  # noqa: BLE001 - record and go on
+            entry.update(passed=False, error=f"{type(exc).__name__}: {str(exc)[:400]}")
+        ok_all &= entry["passed"]
+        results.append(entry)
+        print(json.dumps(entry))
+
+    rng = np.random.default_rng(0)
+    for batch, seq_len, hidden, n, norm in [(4, 37, 2048, None, True), (3, 9, 3072, 5, True), (2, 5, 5000, 2, False)]:
+        x = jnp.asarray(rng.standard_normal((batch, seq_len, hidden)), jnp.bfloat16)
+        rows = jnp.asarray(rng.integers(-seq_len, seq_len, size=(batch,) if n is None else (batch, n)), jnp.int32)
+        w = jnp.asarray(1 + rng.standard_normal(hidden), jnp.bfloat16) if norm else None
+        entry = dict(name=f"gather_rows_{batch}x{seq_len}x{hidden}_n{n}_norm{norm}")
+        try:
+            out = np.asarray(jax.jit(lambda x, r, w: gather_rows(x, r, norm_weight=w, impl="pallas"))(x, rows, w), np.float32)
+            ref = np.asarray(jax.jit(lambda x, r, w: gather_rows(x, r, norm_weight=w, impl="xla"))(x, rows, w), np.float32)
+            err = float(np.max(np.abs(out - ref)))
+            entry.update(max_abs_err=err, passed=bool(np.allclose(out, ref, atol=2e-2, rtol=1e-2)))
+        except Exception as exc:  # noqa: BLE001
+            entry.update(passed=False, error=f"{type(exc).__name__}: {str(exc)[:400]}")
+        ok_all &= entry["passed"]
+        results.append(entry)
+        print(json.dumps(entry))
+    return dict(passed=ok_all, cases=results)
+
+
+# ---------------------------------------------------------------------------------------------
+# decode attention benchmark
+# ---------------------------------------------------------------------------------------------
+
+
+def _attn_inputs(batch, num_q, hq, hkv, max_len, head_dim, lengths, seed=0):
+    import jax
+    import jax.numpy as jnp
+
+    keys = jax.random.split(jax.random.key(seed), 3)
+    q = jax.random.normal(keys[0], (batch, num_q, hq, head_dim), jnp.bfloat16)
+    k = jax.random.normal(keys[1], (batch, hkv, max_len, head_dim), jnp.bfloat16)
+    v = jax.random.normal(keys[2], (batch, hkv, max_len, head_dim), jnp.bfloat16)
+    lens = jnp.asarray(lengths, jnp.int32)
+    pos = lens[:, None] - num_q + jnp.arange(num_q, dtype=jnp.int32)[None, :]
+    return q, k, v, lens, pos
+
+
+def bench_decode_one(batch, num_q, context, *, hq=32, hkv=8, head_dim=128, lengths=None, impls=("pallas", "xla", "cudnn"),
+                     inner=10, repeats=10, kernel_kw=None):
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels.decode_attention import decode_attention_pallas, decode_attention_reference
+
+    lengths = [context] * batch if lengths is None else list(lengths)
+    q, k, v, lens, pos = _attn_inputs(batch, num_q, hq, hkv, context, head_dim, lengths)
+    kv_bytes = 2 * hkv * head_dim * 2 * int(sum(lengths))
+    row = dict(batch=batch, num_q=num_q, max_len=context, mean_length=float(np.mean(lengths)), kv_bytes=kv_bytes, ms={})
+    kernel_kw = kernel_kw or {}
+    for impl in impls:
+        try:
+            if impl == "pallas":
+                t = time_chained(
+                    lambda c, k, v, l, p: decode_attention_pallas(c, k, v, l, q_positions=p, **kernel_kw), q, k, v, lens, pos,
+                    inner=inner, repeats=repeats,
+                )
+            elif impl == "xla":
+                t = time_chained(
+                    lambda c, k, v, l, p: decode_attention_reference(c, k, v, l, q_positions=p), q, k, v, lens, pos,
+                    inner=inner, repeats=repeats,
+                )
+            elif impl == "cudnn":
+                # cuDNN's layout [B, S, Hkv, D], transposed outside the timed region. Non-causal with
+                # key lengths: for num_q > 1 it skips the causal rule among the last num_q rows.
+                kt, vt = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+                t = time_chained(
+                    lambda c, k, v, l: jax.nn.dot_product_attention(
+                        c, k, v, key_value_seq_lengths=l, implementation="cudnn"
+                    ),
+                    q, kt, vt, lens, inner=inner, repeats=repeats,
+                )
+                del kt, vt
+            else:
+                raise ValueError(impl)
+            row["ms"][impl] = t * 1e3
+        except Exception as exc:  # noqa: BLE001 - e.g. cuDNN refusing a shape
+            row["ms"][impl] = None
+            row.setdefault("errors", {})[impl] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    del q, k, v
+    return row
+
+
+def _finish_row(row, copy_tb_s):
+    row["tb_s"] = {i: (row["kv_bytes"] / (t * 1e-3) / 1e12 if t else None) for i, t in row["ms"].items()}
+    if copy_tb_s:
+        row["frac_of_copy"] = {i: (b / copy_tb_s if b else None) for i, b in row["tb_s"].items()}
+    p = row["ms"].get("pallas")
+    for other in ("xla", "cudnn"):
+        o = row["ms"].get(other)
+        row[f"speedup_vs_{other}"] = (o / p) if (p and o) else None
+    return row
+
+
+def run_decode(args, copy_tb_s=None, save=None):
+    from tqdm import tqdm
+
+    from pallas_kernels.decode_attention import _default_config
+
+    configs = [(b, qn, c) for qn in args.queries for b in args.batches for c in args.contexts]
+    configs = [cfg for cfg in configs if 2 * 8 * 128 * 2 * cfg[0] * cfg[2] <= args.max_kv_gb * 1e9]
+    rows = []
+    for batch, num_q, context in tqdm(configs, desc="decode-attention", file=sys.stdout):
+        impls = ["pallas", "xla"]
+        if 2 * 2 * 8 * 128 * 2 * batch * context <= args.max_kv_gb * 1e9:  # room for cuDNN's copy
+            impls.append("cudnn")
+        row = bench_decode_one(batch, num_q, context, impls=impls, inner=args.inner, repeats=args.repeats)
+        row["config"] = _default_config(batch, 8, 1, context, 128, max(16, 1 << (4 * num_q - 1).bit_length()))
+        rows.append(_finish_row(row, copy_tb_s))
+        if save:
+            save(rows, [])
+    # Ragged batches in a long cache: the kernel reads only each row's length.
+    ragged = []
+    rng = np.random.default_rng(0)
+    for batch, max_len in args.ragged:
+        lengths = rng.integers(1, max_len + 1, size=batch)
+        lengths[0] = max_len
+        for num_q in args.queries:
+            lengths = np.maximum(lengths, num_q)
+            row = bench_decode_one(batch, num_q, max_len, lengths=lengths, impls=["pallas", "xla", "cudnn"],
+                                   inner=args.inner, repeats=args.repeats)
+            ragged.append(_finish_row(row, copy_tb_s))
+            if save:
+                save(rows, ragged)
+    return rows, ragged
+
+
+def run_qscan(args, copy_tb_s=None):
+    """Many query rows (big trees, prefill chunks): where the kernel stops paying off."""
+    from tqdm import tqdm
+
+    rows = []
+    for batch, num_q, context in tqdm(args.qscan, desc="num_q scan", file=sys.stdout):
+        row = bench_decode_one(batch, num_q, context, impls=("pallas", "xla"), inner=args.inner, repeats=args.repeats)
+        rows.append(_finish_row(row, copy_tb_s))
+    return rows
+
+
+def run_sweep(args, copy_tb_s=None):
+    from tqdm import tqdm
+
+    from pallas_kernels.decode_attention import _default_config
+
+    out = []
+    shapes = args.sweep_shapes
+    jobs = []
+    for batch, num_q, context in shapes:
+        default = _default_config(batch, 8, 1, context, 128, 16 if num_q == 1 else 32)
+        splits = [default["k_splits"] // 2, default["k_splits"] * 2]
+        shape_variants = [{}] + [dict(k_splits=s) for s in splits if s >= 1]
+        if num_q > 1:
+            shape_variants += [dict(block_k=128, num_warps=8, num_stages=2), dict(block_k=128, num_warps=4, num_stages=3),
+                               dict(block_k=64, num_warps=8, num_stages=3), dict(block_k=64, num_warps=4, num_stages=2)]
+        else:
+            shape_variants += [dict(block_k=32), dict(num_warps=8)]
+        jobs += [(batch, num_q, context, kw) for kw in shape_variants]
+    for batch, num_q, context, kw in tqdm(jobs, desc="sweep", file=sys.stdout):
+        row = bench_decode_one(batch, num_q, context, impls=("pallas",), inner=args.inner, repeats=max(3, args.repeats // 2),
+                               kernel_kw=kw)
+        row["kernel_kw"] = kw
+        out.append(_finish_row(row, copy_tb_s))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# gather rows benchmark
+# ---------------------------------------------------------------------------------------------
+
+
+def run_gather(args):
+    import jax
+    import jax.numpy as jnp
+    from tqdm import tqdm
+
+    from pallas_kernels.gather_rows import gather_rows_pallas, gather_rows_reference
+
+    rows_out = []
+    configs = [(b, t, h, n) for b in (1, 8, 32) for t in (128, 2048) for h in (2048, 4096) for n in (None, 5)]
+    for batch, seq_len, hidden, n in tqdm(configs, desc="gather-rows", file=sys.stdout):
+        x = jax.random.normal(jax.random.key(1), (batch, seq_len, hidden), jnp.bfloat16)
+        w = jnp.ones((hidden,), jnp.bfloat16)
+        rows = jnp.full((batch,) if n is None else (batch, n), seq_len - 1, jnp.int32)
+        entry = dict(batch=batch, seq_len=seq_len, hidden=hidden, n=n, ms={})
+        for impl, fn in (("pallas", gather_rows_pallas), ("xla", gather_rows_reference)):
+            # Chain: the next row index depends on this output (0 in practice), so calls stay separate.
+            def step(r, x, w, fn=fn):
+                out = fn(x, r, norm_weight=w, eps=1e-6)
+                dep = (out.reshape(out.shape[0], -1)[:, :1] > 1e30).astype(jnp.int32)
+                return r - dep.reshape((-1,) + (1,) * (r.ndim - 1))
+
+            entry["ms"][impl] = time_chained(step, rows, x, w, inner=args.inner, repeats=args.repeats) * 1e3
+        entry["speedup_vs_xla"] = entry["ms"]["xla"] / entry["ms"]["pallas"]
+        rows_out.append(entry)
+    return rows_out
+
+
+# ---------------------------------------------------------------------------------------------
+# plot
+# ---------------------------------------------------------------------------------------------
+
+
+def plot_decode(data, png):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = data["rows"]
+    queries = sorted({r["num_q"] for r in rows})
+    batches = sorted({r["batch"] for r in rows})
+    fig, axes = plt.subplots(len(queries), len(batches), figsize=(4.2 * len(batches), 3.4 * len(queries)), squeeze=False)
+    copy = data.get("copy_bandwidth", {}).get("tb_s")
+    for qi, num_q in enumerate(queries):
+        for bi, batch in enumerate(batches):
+            ax = axes[qi][bi]
+            sel = sorted((r for r in rows if r["num_q"] == num_q and r["batch"] == batch), key=lambda r: r["max_len"])
+            for impl, style in (("pallas", "o-"), ("xla", "s--"), ("cudnn", "^:")):
+                pts = [(r["max_len"], r["tb_s"].get(impl)) for r in sel if r["tb_s"].get(impl)]
+                if pts:
+                    ax.plot(*zip(*pts), style, label={"pallas": "Pallas kernel", "xla": "jnp reference",
+                                                      "cudnn": "cuDNN dot_product_attention"}[impl])
+            if copy:
+                ax.axhline(copy, color="gray", lw=0.8, label=f"copy {copy:.2f} TB/s")
+                ax.axhline(0.8 * copy, color="gray", lw=0.8, ls=":", label="80% of copy")
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"batch {batch}, {num_q} query row(s)")
+            ax.set_xlabel("context (KV rows)")
+            ax.set_ylabel("K+V read / time (TB/s)")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"decode attention, bf16, Hq 32 / Hkv 8, head_dim 128 -- {data['info']['device']}, jax {data['info']['jax_version']}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def merge_decode(paths, out_json, out_png=None):
+    """Merge decode-attention JSONs: a later file's rows replace an earlier file's rows of the same
+    (batch, num_q, max_len, mean_length); sweeps and num_q scans are concatenated. Each row keeps
+    the fraction of the copy bandwidth measured in its own run."""
+    runs, merged = [], {}
+    sweep, qscan, ragged = [], {}, {}
+    data = None
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        runs.append(dict(file=Path(path).name, info=data["info"], copy_bandwidth=data["copy_bandwidth"]))
+        for r in data["rows"]:
+            merged[(r["batch"], r["num_q"], r["max_len"], r["mean_length"])] = dict(r, run=Path(path).name)
+        for r in data.get("ragged", []):
+            ragged[(r["batch"], r["num_q"], r["max_len"], r["mean_length"])] = dict(r, run=Path(path).name)
+        for r in data.get("qscan", []):
+            qscan[(r["batch"], r["num_q"], r["max_len"])] = dict(r, run=Path(path).name)
+        sweep += [dict(r, run=Path(path).name) for r in data.get("sweep", [])]
+    out = dict(data, runs=runs, rows=sorted(merged.values(), key=lambda r: (r["num_q"], r["batch"], r["max_len"])),
+               ragged=list(ragged.values()), qscan=list(qscan.values()), sweep=sweep)
+    Path(out_json).write_text(json.dumps(out, indent=1))
+    if out_png:
+        plot_decode(out, out_png)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+
+
+def _add_timing(p):
+    p.add_argument("--inner", type=int, default=10, help="dependent calls per jitted program (default 10)")
+    p.add_argument("--repeats", type=int, default=10, help="timed runs; the median is reported (default 10)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks"), help="output folder (default benchmarks/)")
+
+
+def _add_decode(p):
+    p.add_argument("--batches", type=_ints, default=[1, 8, 32])
+    p.add_argument("--contexts", type=_ints, default=[1024, 4096, 16384, 32768, 65536, 131072])
+    p.add_argument("--queries", type=_ints, default=[1, 5])
+    p.add_argument("--max-kv-gb", type=float, default=20.0, help="skip sizes whose K+V exceed this (default 20 GB)")
+    p.add_argument("--ragged", type=lambda s: [tuple(_ints(t.replace("x", ","))) for t in s.split(";") if t],
+                   default=[(8, 32768), (32, 8192)], help="ragged batches 'BxMAXLEN;...' (lengths uniform in 1..max)")
+    p.add_argument("--no-sweep", action="store_true", help="skip the tuning sweep (block_k, warps, stages, splits)")
+    p.add_argument("--sweep-shapes", type=lambda s: [tuple(_ints(t.replace("x", ","))) for t in s.split(";") if t],
+                   default=[(1, 1, 131072), (8, 5, 32768), (32, 1, 8192)], help="'BATCHxQUERIESxCONTEXT;...'")
+    p.add_argument("--check-max-len", type=int, default=None, help="check: skip cases with a longer cache")
+    p.add_argument("--qscan", type=lambda s: [tuple(_ints(t.replace("x", ","))) for t in s.split(";") if t],
+                   default=[(1, 16, 4096), (1, 64, 4096), (8, 16, 32768), (8, 64, 32768), (1, 512, 4096)],
+                   help="'BATCHxQUERIESxCONTEXT;...' for the num_q scan ('' to skip)")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("copy-bandwidth", help="device copy bandwidth")
+    p_check = sub.add_parser("check", help="kernels vs references on this device")
+    p_check.add_argument("--out", type=Path, default=None)
+    p_check.add_argument("--check-max-len", type=int, default=None, help="skip cases with a longer cache")
+    p_dec = sub.add_parser("decode-attention", help="decode attention benchmark")
+    _add_timing(p_dec)
+    _add_decode(p_dec)
+    p_gat = sub.add_parser("gather-rows", help="gather-rows benchmark")
+    _add_timing(p_gat)
+    p_plot = sub.add_parser("plot", help="PNG from a decode-attention JSON")
+    p_plot.add_argument("json", type=Path)
+    p_plot.add_argument("png", type=Path)
+    p_merge = sub.add_parser("merge", help="merge decode-attention JSONs (later runs win) into one JSON + PNG")
+    p_merge.add_argument("out_json", type=Path)
+    p_merge.add_argument("inputs", type=Path, nargs="+")
+    p_merge.add_argument("--png", type=Path, default=None)
+    p_all = sub.add_parser("all", help="copy bandwidth, check, decode-attention (+ sweep), gather-rows; JSON + PNG")
+    _add_timing(p_all)
+    _add_decode(p_all)
+    args = parser.parse_args(argv)
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    if args.cmd == "plot":
+        plot_decode(json.loads(args.json.read_text()), args.png)
+        return 0
+    if args.cmd == "merge":
+        merge_decode(args.inputs, args.out_json, args.png)
+        return 0
+    copy = copy_bandwidth() if args.cmd in ("copy-bandwidth", "decode-attention", "all") else None
+    if copy:
+        print("copy bandwidth:", json.dumps(copy))
+    if args.cmd == "copy-bandwidth":
+        return 0
+    info = device_info()
+    print(json.dumps(info))
+    status = 0
+    if args.cmd in ("check", "all"):
+        t0 = time.time()
+        check = run_check(args.check_max_len)
+        print(f"check: passed={check['passed']} ({time.time() - t0:.1f} s)")
+        status = 0 if check["passed"] else 1
+        out = args.out
+        if out:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "decode_attention_check.json").write_text(json.dumps(dict(info=info, **check), indent=1))
+    if args.cmd in ("decode-attention", "all"):
+        args.out.mkdir(parents=True, exist_ok=True)
+        data = dict(
+            info=info, copy_bandwidth=copy, shape=dict(num_q_heads=32, num_kv_heads=8, head_dim=128, dtype="bfloat16"),
+            method=f"median of {args.repeats} runs of a jit with {args.inner} chained calls, divided by {args.inner}",
+            rows=[], ragged=[], sweep=[],
+        )
+        path = args.out / "decode_attention.json"
+
+        def save(rows, ragged):
+            data.update(rows=rows, ragged=ragged)
+            path.write_text(json.dumps(data, indent=1))
+
+        if not args.no_sweep:  # first: it decides the defaults of the next recorded run
+            t0 = time.time()
+            data["sweep"] = run_sweep(args, copy["tb_s"])
+            print(f"sweep: {time.time() - t0:.1f} s")
+            path.write_text(json.dumps(data, indent=1))
+            for r in data["sweep"]:
+                print(json.dumps({k: r[k] for k in ("batch", "num_q", "max_len", "kernel_kw", "ms")}))
+        t0 = time.time()
+        rows, ragged = run_decode(args, copy["tb_s"], save)
+        print(f"decode-attention: {time.time() - t0:.1f} s")
+        data["qscan"] = run_qscan(args, copy["tb_s"])
+        path.write_text(json.dumps(data, indent=1))
+        try:
+            plot_decode(data, args.out / "decode_attention.png")
+        except Exception as exc:  # noqa: BLE001 - no matplotlib: the JSON is enough, plot later
+            print("plot failed:", exc)
+        for r in rows + ragged + data["qscan"]:
+            print(json.dumps({k: r[k] for k in ("batch", "num_q", "max_len", "mean_length", "ms", "tb_s")}))
+    if args.cmd in ("gather-rows", "all"):
+        args.out.mkdir(parents=True, exist_ok=True)
+        t0 = time.time()
+        rows = run_gather(args)
+        print(f"gather-rows: {time.time() - t0:.1f} s")
+        (args.out / "gather_rows.json").write_text(json.dumps(dict(info=info, rows=rows), indent=1))
+        for r in rows:
+            print(json.dumps(r))
+    return status
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.85")
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Decode / frozen-KV attention: the Pallas kernel (interpret mode on CPU) against the jnp reference.
+
+Every case poisons the cache rows past each sequence's length with NaN (a kernel that reads
+them without masking leaks NaN into the output); the interpreter itself fills the kernel's
+output buffers with NaN before the call, so an element the kernel forgets to write shows up too.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import decode_attention, decode_attention_reference
+from pallas_kernels._dispatch import warm_up_interpret
+from pallas_kernels.decode_attention import _decode_call, decode_attention_pallas, visibility_mask
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_up():
+    warm_up_interpret()
+
+
+def _tree_mask(rng, batch, num_q):
+    """Random trees over the tail rows: node c's parent is an earlier node; mask = ancestor-or-self."""
+    masks, depths = [], []
+    for _ in range(batch):
+        parent = [-1] + [int(rng.integers(0, c)) for c in range(1, num_q)]
+        anc = np.eye(num_q, dtype=bool)
+        depth = np.zeros(num_q, np.int32)
+        for c in range(1, num_q):
+            anc[c] = anc[parent[c]]
+            anc[c, c] = True
+            depth[c] = depth[parent[c]] + 1
+        masks.append(anc)
+        depths.append(depth)
+    return np.stack(masks), np.stack(depths)
+
+
+def make_case(
+    seed, *, batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, tree=False, lengths=None, poison=np.nan
+):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((batch, num_q, num_q_heads, head_dim))
+    k = rng.standard_normal((batch, num_kv_heads, max_len, head_dim))
+    v = rng.standard_normal((batch, num_kv_heads, max_len, head_dim))
+    if lengths is None:
+        lengths = rng.integers(num_q, max_len + 1, size=batch)
+        lengths[0] = max_len
+        if batch > 1:
+            lengths[-1] = max(num_q, 1)
+    lengths = np.asarray(lengths)
+    for b in range(batch):
+        k[b, :, lengths[b] :] = poison
+        v[b, :, lengths[b] :] = poison
+    tail_mask = None
+    if tree:
+        tail_mask, depth = _tree_mask(rng, batch, num_q)
+        positions = lengths[:, None] - num_q + depth
+    else:
+        positions = lengths[:, None] - num_q + np.arange(num_q)[None, :]
+    return dict(
+        q=jnp.asarray(q, dtype),
+        k=jnp.asarray(k, dtype),
+        v=jnp.asarray(v, dtype),
+        kv_lengths=jnp.asarray(lengths, jnp.int32),
+        q_positions=jnp.asarray(positions, jnp.int32),
+        tail_mask=None if tail_mask is None else jnp.asarray(tail_mask),
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("window", "scale", "impl"))
+def _run(q, k, v, kv_lengths, q_positions, tail_mask, *, window=None, scale=None, impl="pallas"):
+    return decode_attention(
+        q, k, v, kv_lengths, q_positions=q_positions, tail_mask=tail_mask, window=window, scale=scale, impl=impl
+    )
+
+
+def _tol(dtype):
+    return dict(atol=2e-5, rtol=2e-5) if dtype == jnp.float32 else dict(atol=2e-2, rtol=2e-2)
+
+
+def _check(case, dtype, **kw):
+    args = (case["q"], case["k"], case["v"], case["kv_lengths"], case["q_positions"], case["tail_mask"])
+    out = _run(*args, impl="pallas", **kw)
+    ref = _run(*args, impl="xla", **kw)
+    assert out.shape == case["q"].shape and out.dtype == case["q"].dtype
+    assert np.isfinite(np.asarray(out, np.float32)).all(), "NaN leaked into the kernel output"
+    assert np.isfinite(np.asarray(ref, np.float32)).all(), "NaN leaked into the reference output"
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), **_tol(dtype))
+    return out
+
+
+CASES = {
+    # name: (case kwargs, call kwargs)
+    "decode_d64_gqa4_f32": (
+        dict(batch=3, num_q=1, num_q_heads=8, num_kv_heads=2, max_len=200, head_dim=64, dtype=jnp.float32), {}
+    ),
+    "verify_d128_gqa8_bf16": (
+        dict(batch=2, num_q=5, num_q_heads=8, num_kv_heads=1, max_len=333, head_dim=128, dtype=jnp.bfloat16), {}
+    ),
+    "window_scale_d256_mha_f32": (
+        dict(batch=1, num_q=3, num_q_heads=2, num_kv_heads=2, max_len=160, head_dim=256, dtype=jnp.float32),
+        dict(window=50, scale=0.1),
+    ),
+    "tree_window_d64_gqa4_bf16": (
+        dict(batch=4, num_q=6, num_q_heads=8, num_kv_heads=2, max_len=100, head_dim=64, dtype=jnp.bfloat16, tree=True),
+        dict(window=40),
+    ),
+    "tree_33_nodes_two_words_f32": (
+        dict(batch=2, num_q=33, num_q_heads=2, num_kv_heads=2, max_len=80, head_dim=64, dtype=jnp.float32, tree=True),
+        {},
+    ),
+    "prefill_many_m_blocks_f32": (
+        dict(batch=2, num_q=40, num_q_heads=4, num_kv_heads=1, max_len=96, head_dim=64, dtype=jnp.float32),
+        dict(window=24),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_kernel_matches_reference(name):
+    case_kw, call_kw = CASES[name]
+    case = make_case(zlib.crc32(name.encode()) % 1000, **case_kw)
+    _check(case, case_kw["dtype"], **call_kw)
+
+
+def test_lengths_one_and_max_and_frozen_kv_invariance():
+    """Length 1 and max_len in one batch; changing rows past the lengths changes nothing."""
+    kw = dict(batch=2, num_q=1, num_q_heads=4, num_kv_heads=1, max_len=130, head_dim=64, dtype=jnp.float32)
+    a = make_case(7, lengths=[1, 130], **kw)
+    b = make_case(7, lengths=[1, 130], poison=1e4, **kw)
+    out_a = _check(a, jnp.float32)
+    args = (b["q"], b["k"], b["v"], b["kv_lengths"], b["q_positions"], b["tail_mask"])
+    np.testing.assert_array_equal(np.asarray(_run(*args, impl="pallas")), np.asarray(out_a))
+    # Length 1: the only visible row is row 0, so the output is v[:, :, 0] exactly.
+    np.testing.assert_allclose(np.asarray(out_a[0, 0]), np.asarray(jnp.repeat(a["v"][0, :, 0], 4, axis=0)), rtol=1e-6)
+
+
+def test_every_partial_written_and_blind_queries_zero():
+    """All kernel outputs (incl. empty splits) are written; a query seeing no row gives 0; 1 split works."""
+    case = make_case(3, batch=2, num_q=2, num_q_heads=4, num_kv_heads=2, max_len=64, head_dim=64, dtype=jnp.float32)
+    q_positions = case["q_positions"].at[1, 0].set(-1)  # sees nothing
+    args = (case["q"], case["k"], case["v"], case["kv_lengths"], q_positions)
+    call = functools.partial(
+        _decode_call, tail_mask=None, window=None, scale=0.125, block_m=16, block_k=16, num_warps=4, num_stages=2,
+        interpret=True,
+    )
+    o, m, l = jax.jit(functools.partial(call, k_splits=8))(*args)
+    for part in (o, m, l):  # the interpreter NaN-fills outputs before the call
+        assert np.isfinite(np.asarray(part)).all()
+    ref = _run(*args, None, impl="xla")
+    np.testing.assert_array_equal(np.asarray(ref[1, 0]), 0.0)
+    for k_splits in (8, 1):
+        out = jax.jit(functools.partial(decode_attention_pallas, block_k=16, k_splits=k_splits))(
+            *args[:4], q_positions=q_positions
+        )
+        np.testing.assert_array_equal(np.asarray(out[1, 0]), 0.0)
+        np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=2e-5, rtol=2e-5)
+
+
+def test_split_kernel_with_tree_and_window():
+    """The multi-split path (log-sum-exp combine) with the tree mask, a window and two M blocks."""
+    kw = dict(batch=2, num_q=6, num_q_heads=12, num_kv_heads=1, max_len=150, head_dim=64, dtype=jnp.float32, tree=True)
+    case = make_case(11, **kw)
+    args = (case["q"], case["k"], case["v"], case["kv_lengths"])
+    fn = jax.jit(functools.partial(decode_attention_pallas, window=60, block_m=64, block_k=16, k_splits=4))
+    out = fn(*args, q_positions=case["q_positions"], tail_mask=case["tail_mask"])
+    ref = decode_attention_reference(*args, q_positions=case["q_positions"], tail_mask=case["tail_mask"], window=60)
+    assert np.isfinite(np.asarray(out)).all()
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=2e-5, rtol=2e-5)
+
+
+def test_visibility_rule_tail_mask():
+    """Tail rows follow the tree mask (not j <= p); earlier rows follow the causal + window rule."""
+    lengths = jnp.array([6])
+    positions = jnp.array([[4, 4, 5]])  # two siblings at depth 1, one child at depth 2
+    tail = jnp.array([[[1, 0, 0], [0, 1, 0], [1, 0, 1]]], bool)
+    vis = np.asarray(visibility_mask(lengths, positions, 8, tail_mask=tail, window=3))
+    expected = np.array(
+        [
+            [0, 0, 1, 1, 0, 0, 0, 0],  # p=4, window 3: row 2 only before the tail; tail [1, 0, 0]
+            [0, 0, 1, 0, 1, 0, 0, 0],
+            [0, 0, 0, 1, 0, 1, 0, 0],  # p=5: row 2 out of the window; tail col 0 (p=4) and itself
+        ],
+        bool,
+    )
+    np.testing.assert_array_equal(vis[0], expected)
+
+
+def test_auto_is_reference_on_cpu():
+    case = make_case(5, batch=1, num_q=1, num_q_heads=2, num_kv_heads=1, max_len=32, head_dim=64, dtype=jnp.float32)
+    args = (case["q"], case["k"], case["v"], case["kv_lengths"])
+    out = decode_attention(*args, q_positions=case["q_positions"])
+    ref = decode_attention_reference(*args, q_positions=case["q_positions"])
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
+    with pytest.raises(ValueError):
+        decode_attention(*args, q_positions=case["q_positions"], impl="triton")

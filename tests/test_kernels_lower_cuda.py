@@ -1,0 +1,84 @@
+"""Lowering of the Pallas Triton kernels for CUDA on the CPU machine (abstract H100, notes §4.3).
+
+Catches GPU-only Pallas errors in CPU CI: non-power-of-two block operations, primitives the
+Triton lowering lacks, out-of-bounds ref slices (strict in jax 0.12). It does not run the Triton
+compiler or ptxas.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from pallas_kernels.decode_attention import decode_attention_pallas
+from pallas_kernels.gather_rows import gather_rows_pallas
+from tests._lowering import lower_for_cuda, triton_kernel_count
+
+_S = jax.ShapeDtypeStruct
+
+
+@pytest.mark.parametrize(
+    "batch,num_q,num_q_heads,num_kv_heads,max_len,head_dim,dtype,tree,window",
+    [
+        (1, 1, 32, 8, 131072, 128, jnp.bfloat16, False, None),  # decode, the benchmark shape
+        (4, 5, 32, 8, 4000, 128, jnp.bfloat16, True, 1024),  # verify, tree + window, odd max_len
+        (2, 3, 16, 2, 1024, 256, jnp.float32, False, None),  # head_dim 256, fp32
+        (2, 64, 8, 2, 512, 64, jnp.bfloat16, False, None),  # prefill-sized num_q: several M blocks
+        (32, 1, 32, 8, 8192, 128, jnp.bfloat16, False, None),  # one split: normalised output in-kernel
+    ],
+)
+def test_decode_attention_lowers_for_cuda(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, tree, window):
+    args = [
+        _S((batch, num_q, num_q_heads, head_dim), dtype),
+        _S((batch, num_kv_heads, max_len, head_dim), dtype),
+        _S((batch, num_kv_heads, max_len, head_dim), dtype),
+        _S((batch,), jnp.int32),
+        _S((batch, num_q), jnp.int32),
+        _S((batch, num_q, num_q), jnp.bool_) if tree else None,
+    ]
+
+    def fn(q, k, v, lengths, positions, tail_mask):
+        return decode_attention_pallas(
+            q, k, v, lengths, q_positions=positions, tail_mask=tail_mask, window=window, interpret=False
+        )
+
+    text = lower_for_cuda(fn, *args)
+    assert triton_kernel_count(text) >= 1
+
+
+@pytest.mark.parametrize("hidden,n,norm", [(3072, None, True), (4096, 4, True), (5000, 2, False)])
+def test_gather_rows_lowers_for_cuda(hidden, n, norm):
+    rows = _S((2,) if n is None else (2, n), jnp.int32)
+    weight = _S((hidden,), jnp.bfloat16) if norm else None
+
+    def fn(x, rows, weight):
+        return gather_rows_pallas(x, rows, norm_weight=weight, interpret=False)
+
+    text = lower_for_cuda(fn, _S((2, 17, hidden), jnp.bfloat16), rows, weight)
+    assert triton_kernel_count(text) >= 1
+
+
+# --- skinny matmul (pallas_kernels/skinny_matmul.py) ---------------------------------------
+
+@pytest.mark.parametrize(
+    "m,k,n,dtype,cfg",
+    [
+        (1, 4096, 14336, jnp.bfloat16, None),  # decode, swept config
+        (5, 2048, 3072, jnp.bfloat16, None),  # verify rows, heuristic config with split-K
+        (64, 4096, 128256, jnp.bfloat16, None),  # LM head, M = 64
+        (3, 1000, 777, jnp.bfloat16, (64, 256, 3, 4, 4)),  # ragged K, N and split
+        (17, 300, 200, jnp.float32, (32, 64, 2, 8, 3)),  # fp32, masks everywhere
+    ],
+)
+def test_skinny_matmul_lowers_for_cuda(m, k, n, dtype, cfg):
+    import importlib
+
+    sm = importlib.import_module("pallas_kernels.skinny_matmul")
+    config = None if cfg is None else sm.SkinnyConfig(*cfg)
+
+    def fn(x, w):
+        return sm.skinny_matmul_pallas(x, w, config=config, interpret=False)
+
+    text = lower_for_cuda(fn, _S((m, k), dtype), _S((k, n), dtype))
+    assert triton_kernel_count(text) >= 1
