@@ -23,5 +23,6 @@ __all__ = [
 
 from jspec import drafters  # noqa: E402
 from jspec.speculative import SpecResult, speculative_generate  # noqa: E402
+from jspec.drafter_checkpoint import load_hf_mtp  # noqa: E402
 
-__all__ += ["SpecResult", "drafters", "speculative_generate"]
+__all__ += ["SpecResult", "drafters", "load_hf_mtp", "speculative_generate"]

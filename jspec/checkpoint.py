@@ -136,18 +136,28 @@ def _check_tensors(reader: _TensorReader, names: set[str], expected: dict[str, t
 def load_hf(path, *, dtype=None, progress: bool = False) -> Model:
     """Load an HF Llama 3 / Qwen2 / Qwen3 checkpoint directory into a ``Model``.
 
+    An EAGLE-3 head directory (``architectures: ["LlamaForCausalLMEagle3"]``) gives an
+    ``Eagle3Head`` for ``jspec.drafters.Eagle3`` instead. MTP tensors stored in a target
+    checkpoint are skipped here; ``jspec.load_hf_mtp`` reads them (see ``jspec.drafter_checkpoint``).
+
     Args:
       path: directory with ``config.json`` and one or more ``*.safetensors`` files (with or
         without ``model.safetensors.index.json``).
       dtype: parameter dtype (e.g. ``jnp.bfloat16``); ``None`` keeps the checkpoint's dtype.
       progress: show a progress bar over layers.
     """
+    from jspec import drafter_checkpoint
+
     path = Path(path)
-    config = llama_config_from_hf(_read_json(path / "config.json"))
+    cfg = _read_json(path / "config.json")
+    if drafter_checkpoint.is_eagle3_config(cfg):
+        return drafter_checkpoint.load_eagle3(path, dtype=dtype, cfg=cfg)
+    config = llama_config_from_hf(cfg)
     files = _tensor_files(path)
     reader = _TensorReader(files)
     try:
-        _check_tensors(reader, set(files), expected_hf_tensors(config), config.tie_word_embeddings)
+        names = {n for n in files if not drafter_checkpoint.is_mtp_tensor(n, cfg)}
+        _check_tensors(reader, names, expected_hf_tensors(config), config.tie_word_embeddings)
         target = np.dtype(dtype) if dtype is not None else np.dtype(reader.get("model.embed_tokens.weight").dtype)
 
         def get(name, transpose=False):

@@ -20,7 +20,7 @@ import numpy as np
 
 from jspec import verify
 from jspec.drafters.base import CommitContext, PrefillContext, RoundContext
-from jspec.engine import cache_length, eos_tuple, is_eos, pad_prompts, prefill, validate_prompts
+from jspec.engine import cache_length, eos_tuple, is_eos, output_width, pad_prompts, prefill, validate_prompts
 from jspec.kv import KVCache
 from jspec.models.llama import Model, forward
 from jspec.sampling import SamplingParams, probabilities, sample
@@ -70,9 +70,9 @@ def start(target, drafter, tokens, prompt_lengths, key, *, params, eos_ids, capa
     batch, width = tokens.shape
     kv = target.init_cache(batch, max_len)
     logits, features, kv = prefill(target, tokens, prompt_lengths, kv, capture=drafter.capture, impl=impl)
-    draft_state = drafter.prefill(PrefillContext(tokens, prompt_lengths, features), max_len=max_len)
     key, sub = jax.random.split(key)
     first = sample(sub, logits, params)
+    draft_state = drafter.prefill(PrefillContext(tokens, prompt_lengths, features, first), max_len=max_len)
     history = jnp.zeros((batch, capacity), jnp.int32).at[:, :width].set(tokens)
     history = history.at[jnp.arange(batch), prompt_lengths].set(first)
     zeros = jnp.zeros((batch,), jnp.int32)
@@ -152,13 +152,18 @@ def speculative_round(
     )
 
 
-_STATIC = ("params", "eos_ids", "num_draft_tokens", "max_new_tokens", "capacity", "max_len", "impl")
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC)
-def _speculative_on_device(
-    target, drafter, tokens, prompt_lengths, key, *, params, eos_ids, num_draft_tokens, max_new_tokens, capacity, max_len, impl
+@functools.partial(
+    jax.jit, static_argnames=("params", "eos_ids", "num_draft_tokens", "capacity", "max_len", "impl")
+)
+def speculative_on_device(
+    target, drafter, tokens, prompt_lengths, key, max_new_tokens, *,
+    params, eos_ids, num_draft_tokens, capacity, max_len, impl="auto",
 ):
+    """Prefill, then speculation rounds in a ``lax.while_loop`` until every sequence is done.
+
+    ``max_new_tokens`` is traced. Returns (history ``[batch, capacity]``, emitted counts,
+    rounds, accepted drafts), each per sequence.
+    """
     state = start(
         target, drafter, tokens, prompt_lengths, key,
         params=params, eos_ids=eos_ids, capacity=capacity, max_len=max_len, impl=impl,
@@ -201,6 +206,8 @@ def speculative_generate(
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, (int, np.integer)) or num_draft_tokens < 1:
         raise ValueError(f"num_draft_tokens must be an int >= 1, got {num_draft_tokens!r}")
     drafter.check_compatible(target)
+    if hasattr(drafter, "bind"):
+        drafter = drafter.bind(target)
     prompts = validate_prompts(prompts, c.vocab_size, max_new_tokens, c.max_position_embeddings)
     longest = max(len(p) for p in prompts) + max_new_tokens
     # A verify writes k+1 rows after the last committed token, so positions run up to k past the end.
@@ -216,12 +223,13 @@ def speculative_generate(
         stats = dict(rounds=empty, drafted=empty, accepted=empty, mean_acceptance_length=empty.astype(float))
         return SpecResult([[] for _ in prompts], stats)
     tokens, lengths = pad_prompts(prompts)
-    capacity = cache_length(tokens.shape[1], longest + num_draft_tokens + 1)
+    room = int(lengths.max()) + output_width(max_new_tokens) + num_draft_tokens + 1
+    capacity = cache_length(tokens.shape[1], room)
     key = jax.random.key(0) if key is None else key
-    history, num_generated, rounds, accepted = _speculative_on_device(
-        target, drafter, jnp.asarray(tokens), jnp.asarray(lengths), key,
-        params=params, eos_ids=eos_ids, num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens,
-        capacity=capacity, max_len=capacity, impl=impl,
+    history, num_generated, rounds, accepted = speculative_on_device(
+        target, drafter, jnp.asarray(tokens), jnp.asarray(lengths), key, jnp.int32(max_new_tokens),
+        params=params, eos_ids=eos_ids, num_draft_tokens=num_draft_tokens, capacity=capacity, max_len=capacity,
+        impl=impl,
     )
     history, num_generated = np.asarray(history), np.asarray(num_generated)
     rounds, accepted = np.asarray(rounds), np.asarray(accepted)

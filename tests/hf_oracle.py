@@ -35,3 +35,15 @@ def run(*args: str) -> None:
 def make_models(out_dir: Path) -> Path:
     run("models", str(out_dir))
     return out_dir
+
+
+def make_eagle3(out_dir: Path) -> Path:
+    """EAGLE-3 heads (tests/hf_reference.py EAGLE3_CASES) + their Llama target under ``target/``."""
+    run("eagle3", str(out_dir))
+    return out_dir
+
+
+def make_mtp(out_dir: Path) -> Path:
+    """Targets carrying one MTP layer (tests/hf_reference.py MTP_CASES)."""
+    run("mtp", str(out_dir))
+    return out_dir

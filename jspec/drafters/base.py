@@ -3,7 +3,8 @@
 A drafter is a pytree (its parameters are leaves, its settings static) with:
 
 * ``capture``: the target hidden states it reads (``forward``'s ``capture=`` keys).
-* ``prefill(ctx: PrefillContext, *, max_len) -> dstate``: after the target prefill.
+* ``prefill(ctx: PrefillContext, *, max_len) -> dstate``: after the target prefill and the
+  first sampled token (``ctx.next_token``).
 * ``propose(dstate, ctx: RoundContext, *, num_draft_tokens, params, key)
   -> (draft_tokens [batch, k] int32, draft_probs [batch, k, vocab] | None, dstate)``:
   ``draft_probs`` is the exact distribution each draft token was drawn from, or ``None``
@@ -11,6 +12,10 @@ A drafter is a pytree (its parameters are leaves, its settings static) with:
 * ``commit(dstate, ctx: CommitContext) -> dstate``: after verification, catch up on the
   accepted tokens.
 * ``check_compatible(target)``: raise ``ValueError`` when it cannot draft for ``target``.
+* ``bind(target) -> drafter`` (optional): the drafter specialised to ``target`` (drafters that
+  share the target's embedding / LM head, or whose captured layers depend on its depth).
+  ``speculative_generate`` calls it after ``check_compatible``; callers that run
+  ``speculative_round`` themselves call it once.
 
 All three functions are pure and run inside the jitted round.
 """
@@ -30,6 +35,8 @@ class PrefillContext:
     tokens: jax.Array  # [batch, width] right-padded prompts
     prompt_lengths: jax.Array  # [batch]
     features: tuple[jax.Array, ...]  # captured target features, [batch, width, hidden] each
+    # [batch] the first sampled token (at position prompt_lengths[b]); None where unknown
+    next_token: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass

@@ -68,9 +68,17 @@ def lm_head(model: Model, h: jax.Array, *, impl: str = "auto") -> jax.Array:
     return linear(h, model.lm_head, impl=impl).astype(jnp.float32)
 
 
-def _attention_block(layer, c: LlamaConfig, x, positions, cos, sin, k_buf, v_buf, kv, *, impl):
-    batch, num_rows, _ = x.shape
-    h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
+def attention(
+    layer, c: LlamaConfig, h, positions, cos, sin, k_buf, v_buf, lengths, *, keep_rows=None, impl="auto"
+):
+    """Self-attention of one layer over the normed rows ``h [batch, T, in]`` (``in`` is usually
+    ``hidden``; EAGLE-3's midlayer reads ``2 * hidden``).
+
+    Writes the K/V of all ``T`` rows at ``lengths[b] ..``. With ``keep_rows [batch]`` only that
+    row's query is kept right after the K/V write (the others are dead: their K/V is all the
+    caller needs) and the output is ``[batch, 1, hidden]``; otherwise ``[batch, T, hidden]``.
+    """
+    batch, num_rows, _ = h.shape
     qkv = linear(h, layer.qkv, layer.qkv_bias, impl=impl)
     q, k, v = jnp.split(qkv, [c.q_size, c.q_size + c.kv_size], axis=-1)
     q = q.reshape(batch, num_rows, c.num_heads, c.head_dim)
@@ -80,11 +88,52 @@ def _attention_block(layer, c: LlamaConfig, x, positions, cos, sin, k_buf, v_buf
         q = rms_norm(q, layer.q_norm, c.rms_norm_eps)
         k = rms_norm(k, layer.k_norm, c.rms_norm_eps)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    k_buf = write_rows(k_buf, k.transpose(0, 2, 1, 3), kv.lengths)
-    v_buf = write_rows(v_buf, v.transpose(0, 2, 1, 3), kv.lengths)
-    attn = decode_attention(q, k_buf, v_buf, kv.lengths + num_rows, q_positions=positions, impl=impl)
-    out = linear(attn.reshape(batch, num_rows, c.q_size), layer.o, impl=impl)
+    k_buf = write_rows(k_buf, k.transpose(0, 2, 1, 3), lengths)
+    v_buf = write_rows(v_buf, v.transpose(0, 2, 1, 3), lengths)
+    if keep_rows is not None:
+        q = gather_rows(q.reshape(batch, num_rows, c.q_size), keep_rows, impl=impl)
+        q = q.reshape(batch, 1, c.num_heads, c.head_dim)
+        positions = jnp.take_along_axis(positions, keep_rows[:, None], axis=1)
+        num_q = 1
+    else:
+        num_q = num_rows
+    attn = decode_attention(q, k_buf, v_buf, lengths + num_rows, q_positions=positions, impl=impl)
+    out = linear(attn.reshape(batch, num_q, c.q_size), layer.o, impl=impl)
     return out, k_buf, v_buf
+
+
+def decoder_layer(
+    layer: Layer,
+    c: LlamaConfig,
+    x: jax.Array,
+    k_buf: jax.Array,
+    v_buf: jax.Array,
+    lengths: jax.Array,
+    positions: jax.Array,
+    cos: jax.Array,
+    sin: jax.Array,
+    *,
+    attn_input: jax.Array | None = None,
+    keep_rows: jax.Array | None = None,
+    impl: str = "auto",
+):
+    """One pre-norm decoder layer on the residual stream ``x [batch, T, hidden]``.
+
+    ``attn_input``: the attention's input rows instead of ``rms_norm(x, layer.attn_norm)``
+    (EAGLE-3 feeds ``cat(norm(embedding), norm(hidden))``). ``keep_rows [batch]``: after the
+    K/V write keep only that row of each sequence (attention query, residual, MLP), returning
+    ``[batch, 1, hidden]`` -- dead rows never reach the rest of the layer.
+    Returns ``(x, k_buf, v_buf)``.
+    """
+    h = rms_norm(x, layer.attn_norm, c.rms_norm_eps) if attn_input is None else attn_input
+    attn_out, k_buf, v_buf = attention(
+        layer, c, h, positions, cos, sin, k_buf, v_buf, lengths, keep_rows=keep_rows, impl=impl
+    )
+    if keep_rows is not None:
+        x = gather_rows(x, keep_rows, impl=impl)[:, None]
+    x = x + attn_out
+    x = x + silu_mlp(rms_norm(x, layer.mlp_norm, c.rms_norm_eps), layer.gate_up, layer.down, impl=impl)
+    return x, k_buf, v_buf
 
 
 def forward(
@@ -118,13 +167,11 @@ def forward(
     for i, layer in enumerate(model.layers):
         if i in capture:
             captured[i] = x
-        attn_out, k_buf, v_buf = _attention_block(
-            layer, c, x, positions, cos, sin, kv.k[i], kv.v[i], kv, impl=impl
+        x, k_buf, v_buf = decoder_layer(
+            layer, c, x, kv.k[i], kv.v[i], kv.lengths, positions, cos, sin, impl=impl
         )
         new_k.append(k_buf)
         new_v.append(v_buf)
-        x = x + attn_out
-        x = x + silu_mlp(rms_norm(x, layer.mlp_norm, c.rms_norm_eps), layer.gate_up, layer.down, impl=impl)
     captured[c.num_layers] = x
 
     skip_head = isinstance(logits_rows, tuple) and not logits_rows

@@ -1,0 +1,171 @@
+"""Shared machinery of the drafters that read the target's hidden states (EAGLE-3, MTP).
+
+Both are one attention layer with its own KV cache, fed with the pair (token at ``j+1``,
+hidden at ``j``) at draft row ``j`` (REFERENCE §5 pairing rule), drafting by recycling their
+own hidden state. A subclass defines how a row's token and hidden become the layer's
+residual and attention input (``_layer_inputs``), what hidden the next step recycles
+(``_recycle``), the head (``_logits``) and the map from draft to target vocabulary.
+
+Draft state (``HeadState``): the draft KV (``lengths`` = rows written with *target*
+features, equal to the target's committed length) and ``hidden``: the layer output
+(pre-final-norm) at the last committed row, from which the next round's first draft comes.
+
+* prefill = catch-up over the prompt: rows ``0..n-1`` pair ``(t_1..t_{n-1}, first sampled
+  token)`` with the target features ``g_0..g_{n-1}``.
+* commit = catch-up over the verify rows: row ``r`` at position ``base + r`` pairs
+  ``d_{r+1}`` (``r < a``) or the bonus token (``r = a``) with the target feature of verify
+  row ``r``. All ``k+1`` rows write their K/V; right after the K/V write each sequence keeps
+  only row ``a`` (query, residual, MLP, and later the final norm and head); rows past ``a`` are
+  dropped by the draft length ``base + a + 1`` -- nothing is copied.
+* propose: step 0 drafts from ``hidden`` (no forward: the catch-up was the seed step), steps
+  ``1..k-1`` feed ``(d_i, recycled hidden)`` at positions ``L .. L+k-2`` in one ``lax.scan``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jspec.config import LlamaConfig
+from jspec.drafters.base import CommitContext, PrefillContext, RoundContext
+from jspec.kv import KVCache
+from jspec.layers import rope_cos_sin
+from jspec.models.llama import Layer, decoder_layer
+from jspec.sampling import SamplingParams, probabilities, sample
+from pallas_kernels import gather_rows
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class HeadState:
+    kv: KVCache  # one layer; lengths = rows written with target features
+    hidden: jax.Array  # [batch, hidden] layer output (pre-norm) at the last committed row
+
+
+def catch_up_tokens(verify_tokens, num_accepted, next_token):
+    """Row ``r`` of the catch-up pairs the token at ``base + r + 1``: ``d_{r+1}`` for ``r < a``,
+    the bonus for ``r = a``, junk after. ``[batch, k+1]``."""
+    shifted = jnp.concatenate([verify_tokens[:, 1:], next_token[:, None]], axis=1)
+    slot = jnp.arange(shifted.shape[1], dtype=jnp.int32)[None, :]
+    return jnp.where(slot == num_accepted[:, None], next_token[:, None], shifted)
+
+
+class HiddenStateDrafter:
+    """Mixin: prefill / propose / commit for a one-layer head over target features.
+
+    A subclass (a registered pytree dataclass) provides ``impl``, ``_layer``, ``_layer_config``,
+    ``_layer_inputs(tokens, g, from_target)``, ``_recycle(x)``, ``_logits(x)`` (fp32, draft
+    vocab), ``_to_target(ids)``, ``_draft_vocab_to_target(logits)`` and ``_target_features(features)``.
+    """
+
+    # --- the layer over rows ----------------------------------------------------------
+
+    def run_rows(self, kv: KVCache, tokens, g, *, from_target: bool, keep_rows=None):
+        """Run rows ``tokens [B, T]`` / hidden ``g [B, T, F]`` at positions ``kv.lengths + 0..T-1``.
+
+        Writes the K/V of all ``T`` rows; returns ``(x, kv)`` with ``x`` the layer output
+        ``[B, T, H]`` (or ``[B, H]`` at ``keep_rows [B]``, sliced right after the K/V write)
+        and ``kv.lengths`` advanced by ``T``.
+        """
+        c: LlamaConfig = self._layer_config
+        batch, num_rows = tokens.shape
+        positions = kv.lengths[:, None] + jnp.arange(num_rows, dtype=jnp.int32)[None, :]
+        cos, sin = rope_cos_sin(positions, jnp.asarray(c.rope_inv_freq()), kv.k[0].dtype)
+        resid, attn_in = self._layer_inputs(tokens, g, from_target)
+        x, k_buf, v_buf = decoder_layer(
+            self._layer, c, resid, kv.k[0], kv.v[0], kv.lengths, positions, cos, sin,
+            attn_input=attn_in, keep_rows=keep_rows, impl=self.impl,
+        )
+        kv = KVCache(k=(k_buf,), v=(v_buf,), lengths=kv.lengths + num_rows)
+        return (x[:, 0] if keep_rows is not None else x), kv
+
+    def _init_kv(self, batch: int, max_len: int, dtype) -> KVCache:
+        c = self._layer_config
+        return KVCache.zeros(1, batch, c.num_kv_heads, max_len, c.head_dim, dtype)
+
+    def catch_up(self, kv: KVCache, base, tokens, features, last_row, *, slice_dead_rows: bool = True):
+        """Rewrite the draft rows ``base .. base+T-1`` with target features and keep row
+        ``last_row [B]``: returns ``HeadState`` with lengths ``base + last_row + 1``.
+
+        ``slice_dead_rows=False`` is the naive variant (all rows through the whole layer,
+        sliced at the end); it exists to measure what the early slicing saves.
+        """
+        kv = dataclasses.replace(kv, lengths=base.astype(jnp.int32))
+        g = self._target_features(features)
+        if slice_dead_rows:
+            x, kv = self.run_rows(kv, tokens, g, from_target=True, keep_rows=last_row)
+        else:
+            x_all, kv = self.run_rows(kv, tokens, g, from_target=True)
+            x = gather_rows(x_all, last_row, impl=self.impl)
+        kv = dataclasses.replace(kv, lengths=base + last_row + 1)
+        return HeadState(kv=kv, hidden=x)
+
+    # --- protocol ---------------------------------------------------------------------
+
+    def max_positions(self):
+        return None  # positions are the target's; RoPE has no hard limit
+
+    def prefill(self, ctx: PrefillContext, *, max_len: int) -> HeadState:
+        if ctx.next_token is None:
+            raise ValueError(f"{type(self).__name__}.prefill needs PrefillContext.next_token (the first sampled token)")
+        batch, width = ctx.tokens.shape
+        kv = self._init_kv(batch, max_len, self._layer.o.dtype)
+        last = ctx.prompt_lengths - 1
+        shifted = jnp.concatenate([ctx.tokens[:, 1:], jnp.zeros((batch, 1), ctx.tokens.dtype)], axis=1)
+        tokens = jnp.where(jnp.arange(width)[None, :] == last[:, None], ctx.next_token[:, None], shifted)
+        return self.catch_up(kv, jnp.zeros((batch,), jnp.int32), tokens, ctx.features, last)
+
+    def propose(self, dstate: HeadState, ctx: RoundContext, *, num_draft_tokens: int, params: SamplingParams, key):
+        keys = jax.random.split(key, num_draft_tokens)
+        kv = dataclasses.replace(dstate.kv, lengths=ctx.lengths)
+
+        def draw(step_key, x):
+            logits = self._logits(x)  # [B, V_draft] fp32
+            if params.greedy:
+                return self._to_target(jnp.argmax(logits, axis=-1).astype(jnp.int32)), None
+            full = self._draft_vocab_to_target(logits)  # [B, V] with -inf off the draft vocab
+            return sample(step_key, full, params), probabilities(full, params)
+
+        def step(carry, step_key):
+            kv, x = carry
+            token, probs = draw(step_key, x)
+            x_next, kv = self.run_rows(kv, token[:, None], self._recycle(x)[:, None], from_target=False)
+            return (kv, x_next[:, 0]), (token, probs)
+
+        (kv, x), (tokens, probs) = jax.lax.scan(step, (kv, dstate.hidden), keys[:-1])
+        last, last_probs = draw(keys[-1], x)
+        draft_tokens = jnp.concatenate([tokens.T, last[:, None]], axis=1)
+        new_state = HeadState(kv=kv, hidden=dstate.hidden)
+        if params.greedy:
+            return draft_tokens, None, new_state
+        draft_probs = jnp.concatenate([probs.transpose(1, 0, 2), last_probs[:, None]], axis=1)
+        return draft_tokens, draft_probs, new_state
+
+    def commit(self, dstate: HeadState, ctx: CommitContext) -> HeadState:
+        tokens = catch_up_tokens(ctx.verify_tokens, ctx.num_accepted, ctx.next_token)
+        return self.catch_up(dstate.kv, ctx.base_lengths, tokens, ctx.features, ctx.num_accepted)
+
+
+def random_layer(key, c: LlamaConfig, in_size: int, dtype, scale: float) -> Layer:
+    """A random ``Layer`` whose attention reads ``in_size``-wide rows (tests, benchmarks)."""
+    keys = iter(jax.random.split(key, 9))
+
+    def normal(shape):
+        return (scale * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+
+    def norm(shape):
+        return (1.0 + 0.1 * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+
+    return Layer(
+        attn_norm=norm((c.hidden_size,)),
+        qkv=normal((in_size, c.q_size + 2 * c.kv_size)),
+        o=normal((c.q_size, c.hidden_size)),
+        mlp_norm=norm((c.hidden_size,)),
+        gate_up=normal((c.hidden_size, 2 * c.intermediate_size)),
+        down=normal((c.intermediate_size, c.hidden_size)),
+        qkv_bias=normal((c.q_size + 2 * c.kv_size,)) if c.qkv_bias else None,
+        q_norm=norm((c.head_dim,)) if c.qk_norm else None,
+        k_norm=norm((c.head_dim,)) if c.qk_norm else None,
+    )

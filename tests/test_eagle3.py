@@ -1,0 +1,115 @@
+"""EAGLE-3 drafter: head parity with a torch implementation of the published formula, greedy
+losslessness, catch-up correctness, checkpoint validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import jspec
+from jspec.drafters import Eagle3, Eagle3Config, Eagle3Head, init_eagle3_head
+from tests import hf_oracle
+from tests.hidden_drafters import check_catch_up, check_greedy_lossless, check_parity
+from tests.tiny import TINY, tiny_model
+
+
+@pytest.fixture(scope="module")
+def eagle3_dir(tmp_path_factory):
+    return hf_oracle.make_eagle3(tmp_path_factory.mktemp("eagle3"))
+
+
+def _head(seed, target, *, hidden=None, draft_vocab=40, aux=None, **kw):
+    layer = dataclasses.replace(
+        TINY, vocab_size=target.config.vocab_size, num_layers=1, rope_theta=1000.0,
+        **({} if hidden is None else dict(hidden_size=hidden, num_heads=hidden // 16, num_kv_heads=1)),
+    )
+    config = Eagle3Config(
+        layer=layer, draft_vocab_size=min(draft_vocab, layer.vocab_size),
+        target_hidden_size=target.config.hidden_size, aux_layers=aux,
+    )
+    return init_eagle3_head(config, jax.random.key(seed), scale=0.3, **kw)
+
+
+@pytest.mark.parametrize("case", ["eagle3", "eagle3-own"])
+def test_head_parity_with_torch_reference(eagle3_dir, case):
+    target = jspec.load_hf(eagle3_dir / "target")
+    head = jspec.load_hf(eagle3_dir / case)
+    assert isinstance(head, Eagle3Head)
+    drafter = Eagle3(head).bind(target)
+    ref = np.load(eagle3_dir / case / "reference.npz")
+    assert drafter.capture == tuple(ref["aux_layers"].tolist())
+    check_parity(target, Eagle3(head), eagle3_dir / case)
+
+
+# (seed, batch, k, eos, target overrides, head options)
+GREEDY_CASES = [
+    (0, 1, 1, False, dict(num_layers=4), dict()),  # default aux layers [2, 2, 1], d2t
+    (1, 3, 2, True, dict(num_layers=3, qkv_bias=True), dict(hidden=48, own_embed=True, fc_bias=True, aux=(0, 1, 2))),
+    (2, 4, 5, False, dict(num_layers=3, vocab_size=12, tie_word_embeddings=True), dict(draft_vocab=8, aux=(1, 1, 2))),
+]
+
+
+@pytest.mark.parametrize("seed, batch, k, eos, overrides, options", GREEDY_CASES)
+def test_greedy_speculative_equals_greedy(seed, batch, k, eos, overrides, options):
+    target = tiny_model(seed, **overrides)
+    check_greedy_lossless(target, Eagle3(_head(seed + 50, target, **options)), seed, batch, k, eos)
+
+
+def test_catch_up_equals_draft_from_scratch():
+    target = tiny_model(5, num_layers=4)
+    check_catch_up(target, Eagle3(_head(6, target, fc_bias=True)))
+
+
+def _copy(src, dst, *, config=None, tensors=None):
+    shutil.copytree(src, dst)
+    if config is not None:
+        cfg = json.loads((dst / "config.json").read_text())
+        (dst / "config.json").write_text(json.dumps(config(cfg)))
+    if tensors is not None:
+        path = dst / "model.safetensors"
+        save_file(tensors(load_file(path)), path)
+    return dst
+
+
+def test_bad_checkpoints_raise(eagle3_dir, tmp_path):
+    target = jspec.load_hf(eagle3_dir / "target")
+    good = eagle3_dir / "eagle3"
+
+    def drop(name):
+        return lambda t: {k: v for k, v in t.items() if k != name}
+
+    bad = _copy(good, tmp_path / "no-d2t", tensors=drop("d2t"))
+    with pytest.raises(ValueError, match="missing 'd2t'"):
+        jspec.load_hf(bad)
+    bad = _copy(good, tmp_path / "no-norm", tensors=drop("midlayer.hidden_norm.weight"))
+    with pytest.raises(ValueError, match="missing tensor.*midlayer.hidden_norm.weight"):
+        jspec.load_hf(bad)
+    bad = _copy(good, tmp_path / "extra", tensors=lambda t: t | {"fc2.weight": t["fc.weight"]})
+    with pytest.raises(ValueError, match="unexpected tensor.*fc2.weight"):
+        jspec.load_hf(bad)
+    bad = _copy(good, tmp_path / "fc-shape", tensors=lambda t: t | {"fc.weight": t["fc.weight"][:, :100]})
+    with pytest.raises(ValueError, match="'fc.weight' has shape"):
+        jspec.load_hf(bad)
+    # A head trained for a 48-wide target: loads, but not for this 64-wide target.
+    bad = _copy(good, tmp_path / "fc-width", config=lambda c: c | {"target_hidden_size": 48},
+                tensors=lambda t: t | {"fc.weight": np.ascontiguousarray(t["fc.weight"][:, :144])})
+    head = jspec.load_hf(bad)
+    with pytest.raises(ValueError, match="wrong fc width"):
+        jspec.speculative_generate(target, Eagle3(head), [[1, 2]], 4)
+    # Captured layer ids outside the target (3 layers).
+    bad = _copy(good, tmp_path / "ids", config=lambda c: c | {"aux_layers_hf_index": [0, 1, 7]})
+    with pytest.raises(ValueError, match=r"layer ids \[0, 1, 7\] are out of range for a target with 3 layers"):
+        Eagle3(jspec.load_hf(bad)).bind(target)
+    bad = _copy(good, tmp_path / "neg", config=lambda c: c | {"eagle_aux_hidden_state_layer_ids": [-1, 1, 2]})
+    with pytest.raises(ValueError, match="out of range"):
+        jspec.load_hf(bad)
+    bad = _copy(good, tmp_path / "vocab", config=lambda c: c | {"vocab_size": 170},
+                tensors=lambda t: t | {"t2d": np.zeros(170, bool)})
+    with pytest.raises(ValueError, match="vocab_size 170 != target vocab_size 160"):
+        Eagle3(jspec.load_hf(bad)).bind(target)
