@@ -1,0 +1,194 @@
+"""Shared pieces of the benchmark scripts: preset shapes, timing, bandwidth, roofline.
+
+Timing rule: warm up (compile + first runs), then time many repeats and report the median
+and spread; every timed region ends with ``block_until_ready`` on its outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.config import LlamaConfig, RopeScaling
+from jspec.models.llama import Model
+
+PRESETS: dict[str, LlamaConfig] = {
+    "tiny": LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+        head_dim=16, max_position_embeddings=4096,
+    ),
+    "tiny-draft": LlamaConfig(
+        vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
+        head_dim=16, max_position_embeddings=4096,
+    ),
+    "llama-3.2-1b": LlamaConfig(
+        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32, num_kv_heads=8,
+        head_dim=64, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling=RopeScaling(32.0, 1.0, 4.0, 8192), tie_word_embeddings=True,
+    ),
+    "llama-3.1-8b": LlamaConfig(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32, num_kv_heads=8,
+        head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling=RopeScaling(8.0, 1.0, 4.0, 8192),
+    ),
+    "qwen3-8b": LlamaConfig(
+        vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36, num_heads=32, num_kv_heads=8,
+        head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0, qk_norm=True,
+        architecture="Qwen3ForCausalLM",
+    ),
+}
+UNSUPPORTED_PRESETS = {"gemma-4-e4b", "gemma-4-31b"}  # the Gemma 4 family is not implemented yet
+
+
+def preset_names() -> list[str]:
+    return sorted(PRESETS) + sorted(UNSUPPORTED_PRESETS)
+
+
+def load_target(name_or_path: str, dtype, seed: int = 0) -> Model:
+    """A preset (random weights made on the device) or a checkpoint directory (HF or jspec)."""
+    import jspec
+
+    if name_or_path in UNSUPPORTED_PRESETS:
+        raise SystemExit(f"preset {name_or_path!r}: the Gemma 4 family is not supported yet")
+    if name_or_path in PRESETS:
+        init = jax.jit(jspec.init_params, static_argnums=(0, 2))
+        return init(PRESETS[name_or_path], jax.random.key(seed), dtype)
+    path = Path(name_or_path)
+    if (path / "jspec_config.json").exists():
+        return jax.tree.map(lambda x: x.astype(dtype), jspec.restore(path))
+    return jspec.load_hf(path, dtype=dtype)
+
+
+def confident(model: Model, seed: int = 0, residual_scale: float = 1e-2) -> Model:
+    """Random weights whose greedy continuation survives bf16 rounding.
+
+    Plain random weights give near-tied logits, so a verify forward over k+1 rows (different
+    rounding than a one-row decode step) often picks another argmax and no oracle can predict
+    it. Here the LM head is a permutation of the embedding table and the attention / MLP
+    outputs are scaled down, so the residual stream stays close to the input embedding and
+    token ``t`` is followed by ``perm[t]`` with a wide margin. Shapes, bytes and FLOPs are
+    those of the original model.
+    """
+    import dataclasses as dc
+
+    perm = jax.random.permutation(jax.random.key(seed), model.config.vocab_size)
+    layers = tuple(
+        dc.replace(layer, o=layer.o * residual_scale, down=layer.down * residual_scale) for layer in model.layers
+    )
+    head = None if model.lm_head is None else jnp.asarray(model.embed[perm].T)
+    return dc.replace(model, layers=layers, lm_head=head)
+
+
+@dataclasses.dataclass
+class Timing:
+    median_s: float
+    p10_s: float
+    p90_s: float
+    repeats: int
+
+    def as_dict(self, scale: float = 1.0, unit: str = "ms") -> dict:
+        f = 1e3 if unit == "ms" else 1.0
+        return {
+            f"median_{unit}": self.median_s * f / scale,
+            f"p10_{unit}": self.p10_s * f / scale,
+            f"p90_{unit}": self.p90_s * f / scale,
+            "repeats": self.repeats,
+        }
+
+
+def time_fn(fn: Callable[[], object], *, warmup: int = 2, repeats: int = 10) -> Timing:
+    """Median wall time of ``fn()`` (which must return device arrays) after warm-up."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        samples.append(time.perf_counter() - start)
+    q = np.quantile(samples, [0.1, 0.9])
+    return Timing(statistics.median(samples), float(q[0]), float(q[1]), repeats)
+
+
+def copy_bandwidth(num_bytes: int = 2 << 30) -> dict:
+    """Device copy bandwidth (bytes read + written per second), best of the methods available.
+
+    torch's ``copy_`` reads closer to the hardware limit than a JAX elementwise op, so it
+    is preferred when torch with CUDA is importable (GPU machine); JAX is the fallback.
+    """
+    results = {}
+    n = num_bytes // 2
+    x = jnp.ones((n,), jnp.bfloat16)
+    copy = jax.jit(lambda a: a + jnp.bfloat16(1))
+    t = time_fn(lambda: copy(x), warmup=2, repeats=10)
+    results["jax_elementwise"] = 2 * num_bytes / t.median_s
+    del x
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            src = torch.ones(n, dtype=torch.bfloat16, device="cuda")
+            dst = torch.empty_like(src)
+            for _ in range(3):
+                dst.copy_(src)
+            torch.cuda.synchronize()
+            samples = []
+            for _ in range(10):
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                dst.copy_(src)
+                end.record()
+                torch.cuda.synchronize()
+                samples.append(start.elapsed_time(end) / 1e3)
+            results["torch_copy"] = 2 * num_bytes / statistics.median(samples)
+            del src, dst
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass
+    best = max(results, key=results.get)
+    return {"bytes_per_s": results[best], "method": best, "all_methods": results}
+
+
+def weight_bytes_per_step(model: Model) -> int:
+    """Parameter bytes one decode step must read: everything but the embedding table,
+    of which only the looked-up rows are touched (unless it doubles as the LM head)."""
+    leaves = jax.tree.leaves(model)
+    total = sum(x.size * x.dtype.itemsize for x in leaves)
+    if model.lm_head is not None:
+        total -= model.embed.size * model.embed.dtype.itemsize
+    return int(total)
+
+
+def kv_bytes_per_step(model: Model, batch: int, context: int) -> int:
+    """K and V bytes of ``context`` valid rows per sequence, all layers."""
+    c = model.config
+    return int(2 * c.num_layers * batch * c.num_kv_heads * context * c.head_dim * jnp.dtype(model.dtype).itemsize)
+
+
+def environment(dtype, seed: int) -> dict:
+    dev = jax.devices()[0]
+    return {
+        "device": getattr(dev, "device_kind", str(dev)),
+        "platform": dev.platform,
+        "jax_version": jax.__version__,
+        "python": platform.python_version(),
+        "dtype": jnp.dtype(dtype).name,
+        "seed": seed,
+        "weights": "random (generated on the device)",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def write_json(path: str | Path, data: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=float))
