@@ -1,0 +1,47 @@
+"""Every script runs: --help, and the tiny CPU mode of each benchmark (so they never rot)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ["bench.py", "bench_eagle.py", "bench_kernels.py", "bench_matmul.py", "convert_hf.py", "generate.py"]
+
+
+def _run(*args, timeout=300):
+    proc = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help(script):
+    assert "usage" in _run(ROOT / "scripts" / script, "--help").lower()
+
+
+@pytest.mark.parametrize("command", ["decode", "spec", "compile"])
+def test_bench_tiny(tmp_path, command):
+    out = tmp_path / f"{command}.json"
+    _run(ROOT / "scripts" / "bench.py", "--tiny", "--out", out, command)
+    result = json.loads(out.read_text())
+    assert result["kind"] == command and result["environment"]["platform"] == "cpu"
+    if command == "decode":
+        assert 0 < result["results"][0]["roofline_fraction"]
+        assert out.with_suffix(".png").exists()
+
+
+def test_bench_eagle_tiny(tmp_path):
+    out = tmp_path / "eagle.json"
+    _run(ROOT / "scripts" / "bench_eagle.py", "--tiny", "--batches", "1", "--ks", "2", "--catch-up-ks", "2",
+         "--out", out)
+    assert json.loads(out.read_text())
+
+
+def test_generate_default_model():
+    out = _run(ROOT / "scripts" / "generate.py", "--max-new-tokens", "8", "--drafter", "ngram")
+    assert "identical to plain decoding" in out
