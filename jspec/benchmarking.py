@@ -7,6 +7,7 @@ and spread; every timed region ends with ``block_until_ready`` on its outputs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import platform
 import statistics
@@ -118,6 +119,26 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 2, repeats: int = 10) -> 
     return Timing(statistics.median(samples), float(q[0]), float(q[1]), repeats)
 
 
+def time_steps(step: Callable, state, *, warmup: int = 3, repeats: int = 10, calls: int = 1):
+    """Median time per call of a donated ``state -> state`` step dispatched back to back.
+
+    Each sample times ``calls`` consecutive calls ending in one ``block_until_ready``.
+    Returns ``(Timing, final state)``.
+    """
+    for _ in range(warmup):
+        state = step(state)
+    jax.block_until_ready(state)
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            state = step(state)
+        jax.block_until_ready(state)
+        samples.append((time.perf_counter() - start) / calls)
+    q = np.quantile(samples, [0.1, 0.9])
+    return Timing(statistics.median(samples), float(q[0]), float(q[1]), repeats), state
+
+
 def copy_bandwidth(num_bytes: int = 2 << 30) -> dict:
     """Device copy bandwidth (bytes read + written per second), best of the methods available.
 
@@ -128,7 +149,7 @@ def copy_bandwidth(num_bytes: int = 2 << 30) -> dict:
     n = num_bytes // 2
     x = jnp.ones((n,), jnp.bfloat16)
     copy = jax.jit(lambda a: a + jnp.bfloat16(1))
-    t = time_fn(lambda: copy(x), warmup=2, repeats=10)
+    t = time_fn(functools.partial(copy, x), warmup=2, repeats=10)
     results["jax_elementwise"] = 2 * num_bytes / t.median_s
     del x
     try:

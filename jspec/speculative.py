@@ -95,7 +95,6 @@ def speculative_round(
 ) -> SpecState:
     """One round: propose k drafts, verify them in one target forward, accept, commit."""
     k = num_draft_tokens
-    batch = state.history.shape[0]
     key, draft_key, accept_key = jax.random.split(state.key, 3)
     base = state.target_kv.lengths
     root = state.root

@@ -15,7 +15,6 @@ checkpoint directory. ``--tiny`` runs a seconds-long CPU smoke version. Results 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -136,22 +135,6 @@ def _spec_state(target, drafter, batch, context, k, capacity, impl, seed=0):
                  capacity=capacity, max_len=capacity, impl=impl)
 
 
-def _time_steps(step, state, repeats, warmup=3):
-    """Median seconds per call of a donated ``state -> state`` step, dispatched back to back."""
-    for _ in range(warmup):
-        state = step(state)
-    jax.block_until_ready(state)
-    samples = []
-    import time
-
-    for _ in range(repeats):
-        start = time.perf_counter()
-        state = step(state)
-        jax.block_until_ready(state)
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples)), state
-
-
 def cmd_spec(args):
     dtype = jnp.dtype(args.dtype)
     target = B.load_target(args.target, dtype, args.seed)
@@ -166,7 +149,7 @@ def cmd_spec(args):
             decode = jax.jit(lambda m, s: engine.decode_step(m, s, params=GREEDY, eos_ids=(), impl=args.impl),
                              donate_argnums=1)
             state = _decode_state(target, batch, args.context, capacity, args.impl)
-            decode_s, _ = _time_steps(lambda s: decode(target, s), state, args.repeats)
+            decode_s = B.time_steps(lambda s: decode(target, s), state, repeats=args.repeats)[0].median_s
         for k in tqdm(args.k, desc=f"k (batch {batch})"):
             round_fn = jax.jit(
                 lambda t, d, s, k=k: speculative.speculative_round(
@@ -175,7 +158,8 @@ def cmd_spec(args):
                 donate_argnums=2,
             )
             state = _spec_state(target, drafter, batch, args.context, k, capacity, args.impl)
-            round_s, state = _time_steps(lambda s: round_fn(target, drafter, s), state, args.repeats)
+            timing, state = B.time_steps(lambda s: round_fn(target, drafter, s), state, repeats=args.repeats)
+            round_s = timing.median_s
             stages = _stage_times(target, drafter, state, k, args) if k in args.stages_k else {}
             results["rounds"].append(dict(
                 batch=batch, k=k, round_ms=round_s * 1e3, decode_step_ms=decode_s * 1e3,

@@ -27,7 +27,6 @@ import argparse
 import concurrent.futures
 import dataclasses
 import functools
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -39,12 +38,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from jspec.benchmarking import PRESETS, environment, write_json
+from jspec.benchmarking import PRESETS, environment, time_steps, write_json
 from jspec.config import LlamaConfig
 from jspec.drafters import Eagle3, Eagle3Config, init_eagle3_head
 from jspec.drafters._head import HeadState
 from jspec.engine import DecodeState, decode_step_jit
-from jspec.kv import KVCache
 from jspec.models.llama import init_params
 from jspec.sampling import SamplingParams
 from jspec.speculative import SpecState, speculative_round
@@ -75,21 +73,9 @@ def parse_args(argv=None):
 
 
 def timed_loop(fn, state, warmup, repeats, calls=1):
-    """``state = fn(state)`` repeatedly (donated); median milliseconds per call after warm-up.
-
-    Each sample times ``calls`` back-to-back calls ending in one ``block_until_ready``."""
-    for _ in range(warmup):
-        state = fn(state)
-    jax.block_until_ready(state)
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            state = fn(state)
-        jax.block_until_ready(state)
-        samples.append((time.perf_counter() - t0) / calls)
-    q = np.quantile(samples, [0.1, 0.9])
-    stats = dict(median_ms=1e3 * statistics.median(samples), p10_ms=1e3 * q[0], p90_ms=1e3 * q[1], repeats=repeats)
+    """Median milliseconds per donated call (see ``jspec.benchmarking.time_steps``)."""
+    timing, state = time_steps(fn, state, warmup=warmup, repeats=repeats, calls=calls)
+    stats = timing.as_dict()
     if calls > 1:
         stats["calls_per_sample"] = calls
     return stats, state

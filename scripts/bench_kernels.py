@@ -101,7 +101,6 @@ def copy_bandwidth(nbytes=2 << 30, repeats=20):
         torch.cuda.empty_cache()
         return dict(method="torch copy_", bytes=nbytes, tb_s=2 * nbytes / statistics.median(times) / 1e12)
     except Exception:  # noqa: BLE001 - any torch trouble: fall back to JAX
-        import jax
         import jax.numpy as jnp
 
         x = jnp.zeros((nbytes // 2,), jnp.bfloat16)

@@ -136,7 +136,6 @@ def jax_main(args):
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     import importlib
 

@@ -8,7 +8,6 @@ import json
 import shutil
 
 import jax
-import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 

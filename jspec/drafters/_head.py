@@ -32,7 +32,7 @@ from jspec.config import LlamaConfig
 from jspec.drafters.base import CommitContext, PrefillContext, RoundContext
 from jspec.kv import KVCache
 from jspec.layers import rope_cos_sin
-from jspec.models.llama import Layer, decoder_layer
+from jspec.models.llama import decoder_layer
 from jspec.sampling import SamplingParams, probabilities, sample
 from pallas_kernels import gather_rows
 
@@ -146,26 +146,3 @@ class HiddenStateDrafter:
     def commit(self, dstate: HeadState, ctx: CommitContext) -> HeadState:
         tokens = catch_up_tokens(ctx.verify_tokens, ctx.num_accepted, ctx.next_token)
         return self.catch_up(dstate.kv, ctx.base_lengths, tokens, ctx.features, ctx.num_accepted)
-
-
-def random_layer(key, c: LlamaConfig, in_size: int, dtype, scale: float) -> Layer:
-    """A random ``Layer`` whose attention reads ``in_size``-wide rows (tests, benchmarks)."""
-    keys = iter(jax.random.split(key, 9))
-
-    def normal(shape):
-        return (scale * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
-
-    def norm(shape):
-        return (1.0 + 0.1 * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
-
-    return Layer(
-        attn_norm=norm((c.hidden_size,)),
-        qkv=normal((in_size, c.q_size + 2 * c.kv_size)),
-        o=normal((c.q_size, c.hidden_size)),
-        mlp_norm=norm((c.hidden_size,)),
-        gate_up=normal((c.hidden_size, 2 * c.intermediate_size)),
-        down=normal((c.intermediate_size, c.hidden_size)),
-        qkv_bias=normal((c.q_size + 2 * c.kv_size,)) if c.qkv_bias else None,
-        q_norm=norm((c.head_dim,)) if c.qk_norm else None,
-        k_norm=norm((c.head_dim,)) if c.qk_norm else None,
-    )

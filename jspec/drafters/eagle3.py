@@ -26,9 +26,9 @@ import jax
 import jax.numpy as jnp
 
 from jspec.config import LlamaConfig
-from jspec.drafters._head import HiddenStateDrafter, random_layer
+from jspec.drafters._head import HiddenStateDrafter
 from jspec.layers import linear, rms_norm
-from jspec.models.llama import Layer, Model
+from jspec.models.llama import Layer, Model, init_layer
 
 
 @jax.tree_util.register_static
@@ -195,7 +195,7 @@ def init_eagle3_head(
     return Eagle3Head(
         fc=normal(k[1], (config.num_aux * config.target_hidden_size, H)),
         hidden_norm=norm(k[2], (H,)),
-        layer=random_layer(k[3], c, 2 * H, dtype, scale),
+        layer=init_layer(c, k[3], dtype, scale=scale, in_size=2 * H),
         norm=norm(k[4], (H,)),
         lm_head=normal(k[5], (H, config.draft_vocab_size)),
         d2t=d2t,

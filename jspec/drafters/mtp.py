@@ -37,9 +37,9 @@ import jax
 import jax.numpy as jnp
 
 from jspec.config import LlamaConfig
-from jspec.drafters._head import HiddenStateDrafter, random_layer
+from jspec.drafters._head import HiddenStateDrafter
 from jspec.layers import linear, rms_norm
-from jspec.models.llama import FINAL_NORMED, Layer, Model
+from jspec.models.llama import FINAL_NORMED, Layer, Model, init_layer
 
 _HIDDEN_CHOICES = ("post_norm", "pre_norm")
 # Fields of the target config the MTP block depends on.
@@ -152,7 +152,7 @@ def init_mtp_head(target_config: LlamaConfig, key, dtype=jnp.float32, *, scale: 
         enorm=norm(k[0]),
         hnorm=norm(k[1]),
         eh_proj=(scale * jax.random.normal(k[2], (2 * H, H), jnp.float32)).astype(dtype),
-        layer=random_layer(k[3], c, H, dtype, scale),
+        layer=init_layer(c, k[3], dtype, scale=scale, in_size=H),
         norm=norm(k[4]),
         config=c,
     )

@@ -190,38 +190,43 @@ def forward(
     return logits, features, new_kv
 
 
+def _normal(key, shape, dtype, scale):
+    return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+def _near_one(key, shape, dtype):
+    return (1.0 + 0.1 * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+def init_layer(config: LlamaConfig, key: jax.Array, dtype=jnp.float32, *, scale: float = 0.02, in_size=None) -> Layer:
+    """A random ``Layer``; its attention reads ``in_size``-wide rows (default ``hidden_size``)."""
+    c = config
+    in_size = c.hidden_size if in_size is None else in_size
+    k = iter(jax.random.split(key, 9))
+    return Layer(
+        attn_norm=_near_one(next(k), (c.hidden_size,), dtype),
+        qkv=_normal(next(k), (in_size, c.q_size + 2 * c.kv_size), dtype, scale),
+        o=_normal(next(k), (c.q_size, c.hidden_size), dtype, scale),
+        mlp_norm=_near_one(next(k), (c.hidden_size,), dtype),
+        gate_up=_normal(next(k), (c.hidden_size, 2 * c.intermediate_size), dtype, scale),
+        down=_normal(next(k), (c.intermediate_size, c.hidden_size), dtype, scale),
+        qkv_bias=_normal(next(k), (c.q_size + 2 * c.kv_size,), dtype, scale) if c.qkv_bias else None,
+        q_norm=_near_one(next(k), (c.head_dim,), dtype) if c.qk_norm else None,
+        k_norm=_near_one(next(k), (c.head_dim,), dtype) if c.qk_norm else None,
+    )
+
+
 def init_params(config: LlamaConfig, key: jax.Array, dtype=jnp.float32, *, scale: float = 0.02) -> Model:
     """Random parameters (normal(0, scale) matrices, norms near 1), generated where jax runs.
 
     For tests and benchmarks at real shapes; not a training initialisation.
     """
     c = config
-    keys = iter(jax.random.split(key, 4 + 9 * c.num_layers))
-
-    def normal(shape):
-        return (scale * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
-
-    def norm(shape):
-        return (1.0 + 0.1 * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
-
-    layers = tuple(
-        Layer(
-            attn_norm=norm((c.hidden_size,)),
-            qkv=normal((c.hidden_size, c.q_size + 2 * c.kv_size)),
-            o=normal((c.q_size, c.hidden_size)),
-            mlp_norm=norm((c.hidden_size,)),
-            gate_up=normal((c.hidden_size, 2 * c.intermediate_size)),
-            down=normal((c.intermediate_size, c.hidden_size)),
-            qkv_bias=normal((c.q_size + 2 * c.kv_size,)) if c.qkv_bias else None,
-            q_norm=norm((c.head_dim,)) if c.qk_norm else None,
-            k_norm=norm((c.head_dim,)) if c.qk_norm else None,
-        )
-        for _ in range(c.num_layers)
-    )
+    embed_key, norm_key, head_key, *layer_keys = jax.random.split(key, 3 + c.num_layers)
     return Model(
-        embed=normal((c.vocab_size, c.hidden_size)),
-        layers=layers,
-        final_norm=norm((c.hidden_size,)),
-        lm_head=None if c.tie_word_embeddings else normal((c.hidden_size, c.vocab_size)),
+        embed=_normal(embed_key, (c.vocab_size, c.hidden_size), dtype, scale),
+        layers=tuple(init_layer(c, k, dtype, scale=scale) for k in layer_keys),
+        final_norm=_near_one(norm_key, (c.hidden_size,), dtype),
+        lm_head=None if c.tie_word_embeddings else _normal(head_key, (c.hidden_size, c.vocab_size), dtype, scale),
         config=c,
     )
