@@ -77,35 +77,12 @@ def time_chained(step, carry, *args, inner=10, repeats=10):
     return statistics.median(times) / inner
 
 
-def copy_bandwidth(nbytes=2 << 30, repeats=20):
-    """Bytes read + written per second of a device-to-device copy (torch if available)."""
-    try:
-        import torch
+def copy_bandwidth(nbytes=2 << 30):
+    """Bytes read + written per second of a device copy, best method (``jspec.benchmarking``)."""
+    from jspec.benchmarking import copy_bandwidth as measure
 
-        if not torch.cuda.is_available():
-            raise ImportError
-        x = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
-        y = torch.empty_like(x)
-        for _ in range(3):
-            y.copy_(x)
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            y.copy_(x)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        del x, y
-        torch.cuda.empty_cache()
-        return dict(method="torch copy_", bytes=nbytes, tb_s=2 * nbytes / statistics.median(times) / 1e12)
-    except Exception:  # noqa: BLE001 - any torch trouble: fall back to JAX
-        import jax.numpy as jnp
-
-        x = jnp.zeros((nbytes // 2,), jnp.bfloat16)
-        t = time_chained(lambda c: c + jnp.asarray(1, c.dtype), x, inner=4, repeats=repeats)
-        return dict(method="jax x + 1", bytes=nbytes, tb_s=2 * nbytes / t / 1e12)
+    bw = measure(nbytes)
+    return dict(method=bw["method"], bytes=nbytes, tb_s=bw["bytes_per_s"] / 1e12)
 
 
 # ---------------------------------------------------------------------------------------------
