@@ -3,37 +3,23 @@ losslessness, catch-up correctness, checkpoint validation."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 
-import jax
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
 import jspec
-from jspec.drafters import Eagle3, Eagle3Config, Eagle3Head, init_eagle3_head
+from jspec.drafters import Eagle3, Eagle3Head
 from tests import hf_oracle
 from tests.hidden_drafters import check_catch_up, check_greedy_lossless, check_parity
-from tests.tiny import TINY, tiny_model
+from tests.tiny import eagle3_head, tiny_model
 
 
 @pytest.fixture(scope="module")
 def eagle3_dir(tmp_path_factory):
     return hf_oracle.make_eagle3(tmp_path_factory.mktemp("eagle3"))
-
-
-def _head(seed, target, *, hidden=None, draft_vocab=40, aux=None, **kw):
-    layer = dataclasses.replace(
-        TINY, vocab_size=target.config.vocab_size, num_layers=1, rope_theta=1000.0,
-        **({} if hidden is None else dict(hidden_size=hidden, num_heads=hidden // 16, num_kv_heads=1)),
-    )
-    config = Eagle3Config(
-        layer=layer, draft_vocab_size=min(draft_vocab, layer.vocab_size),
-        target_hidden_size=target.config.hidden_size, aux_layers=aux,
-    )
-    return init_eagle3_head(config, jax.random.key(seed), scale=0.3, **kw)
 
 
 @pytest.mark.parametrize("case", ["eagle3", "eagle3-own"])
@@ -58,12 +44,12 @@ GREEDY_CASES = [
 @pytest.mark.parametrize("seed, batch, k, eos, overrides, options", GREEDY_CASES)
 def test_greedy_speculative_equals_greedy(seed, batch, k, eos, overrides, options):
     target = tiny_model(seed, **overrides)
-    check_greedy_lossless(target, Eagle3(_head(seed + 50, target, **options)), seed, batch, k, eos)
+    check_greedy_lossless(target, Eagle3(eagle3_head(seed + 50, target, **options)), seed, batch, k, eos)
 
 
 def test_catch_up_equals_draft_from_scratch():
     target = tiny_model(5, num_layers=4)
-    check_catch_up(target, Eagle3(_head(6, target, fc_bias=True)))
+    check_catch_up(target, Eagle3(eagle3_head(6, target, fc_bias=True)))
 
 
 def _copy(src, dst, *, config=None, tensors=None):

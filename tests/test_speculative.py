@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec.drafters import DraftModel, NGram
+from jspec.drafters import MTP, DraftModel, Eagle3, NGram, init_mtp_head
 from jspec.sampling import SamplingParams, probabilities
 from tests.stats import assert_matches_distribution
-from tests.tiny import tiny_model
+from tests.tiny import eagle3_head, tiny_model
 
 MAX_NEW = 16
 
@@ -114,15 +114,25 @@ SAMPLING_CASES = [
     ("draft", dict(temperature=0.7, top_k=4)),
     ("draft", dict(temperature=1.3, top_p=0.8)),
     ("ngram", dict(temperature=1.0)),
+    ("eagle3", dict(temperature=1.0)),  # reduced draft vocab: q is zero outside it
+    ("mtp", dict(temperature=0.9, top_k=6)),
 ]
+
+
+def _sampling_drafter(kind, target):
+    if kind == "draft":
+        return DraftModel(tiny_model(12, vocab_size=SAMPLING_VOCAB, num_layers=1))
+    if kind == "eagle3":
+        return Eagle3(eagle3_head(14, target, draft_vocab=6, aux=(0, 1, 1)))
+    if kind == "mtp":
+        return MTP(init_mtp_head(target.config, jax.random.key(15), scale=0.3))
+    return NGram(max_ngram=2)
 
 
 @pytest.mark.parametrize("kind, sampling", SAMPLING_CASES)
 def test_sampled_speculative_has_the_target_distribution(kind, sampling):
     target = tiny_model(11, vocab_size=SAMPLING_VOCAB)
-    drafter = (
-        DraftModel(tiny_model(12, vocab_size=SAMPLING_VOCAB, num_layers=1)) if kind == "draft" else NGram(max_ngram=2)
-    )
+    drafter = _sampling_drafter(kind, target)
     prompt = [1, 5, 1, 5, 2]
     result = jspec.speculative_generate(
         target, drafter, [prompt] * NUM_SAMPLES, 3, num_draft_tokens=2, key=jax.random.key(3), **sampling

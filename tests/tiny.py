@@ -24,3 +24,18 @@ TINY = jspec.LlamaConfig(
 def tiny_model(seed: int = 0, **overrides) -> jspec.Model:
     config = dataclasses.replace(TINY, **overrides)
     return jspec.init_params(config, jax.random.key(seed), scale=0.3)
+
+
+def eagle3_head(seed, target, *, hidden=None, draft_vocab=40, aux=None, **kw):
+    """A random EAGLE-3 head for ``target`` (draft vocab ``min(draft_vocab, vocab)``)."""
+    from jspec.drafters import Eagle3Config, init_eagle3_head
+
+    layer = dataclasses.replace(
+        TINY, vocab_size=target.config.vocab_size, num_layers=1, rope_theta=1000.0,
+        **({} if hidden is None else dict(hidden_size=hidden, num_heads=hidden // 16, num_kv_heads=1)),
+    )
+    config = Eagle3Config(
+        layer=layer, draft_vocab_size=min(draft_vocab, layer.vocab_size),
+        target_hidden_size=target.config.hidden_size, aux_layers=aux,
+    )
+    return init_eagle3_head(config, jax.random.key(seed), scale=0.3, **kw)
