@@ -29,6 +29,7 @@ from jspec import benchmarking as B  # noqa: E402
 from jspec import engine, speculative  # noqa: E402
 from jspec.drafters import DraftModel, NGram  # noqa: E402
 from jspec.drafters.oracle import Oracle  # noqa: E402
+from jspec.policy import choose_num_draft_tokens  # noqa: E402
 from jspec.sampling import SamplingParams  # noqa: E402
 
 GREEDY = SamplingParams()
@@ -169,6 +170,13 @@ def cmd_spec(args):
                        f"({decode_s * 1e3:.3f} ms); stages {stages}")
         if args.alpha:
             results["end_to_end"] += _end_to_end(target, drafter, batch, args)
+    if results["rounds"]:  # the k that jspec.policy picks from these costs, per batch and acceptance rate
+        results["policy"] = {
+            batch: {alpha: choose_num_draft_tokens(
+                {r["k"]: r["overhead_ratio"] for r in results["rounds"] if r["batch"] == batch}, alpha)
+                for alpha in (0.3, 0.5, 0.7, 0.8, 0.9)}
+            for batch in args.batch
+        }
     if args.hf:
         results["hf"] = _hf_peer(target, drafter, results["end_to_end"], args)
     out = dict(kind="spec", environment=B.environment(dtype, args.seed), target=args.target,

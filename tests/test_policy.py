@@ -1,0 +1,39 @@
+"""Choosing k from measured round costs and an acceptance rate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jspec.policy import choose_num_draft_tokens, expected_acceptance_length, round_costs_from_benchmark
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_expected_acceptance_length():
+    assert expected_acceptance_length(0.0, 4) == 1.0
+    assert expected_acceptance_length(1.0, 4) == 5.0
+    assert expected_acceptance_length(0.5, 2) == pytest.approx(1.75)
+    with pytest.raises(ValueError):
+        expected_acceptance_length(1.5, 2)
+
+
+def test_cheap_rounds_and_high_acceptance_pick_long_drafts():
+    cheap = {k: 1.0 + 0.05 * k for k in range(1, 9)}
+    assert choose_num_draft_tokens(cheap, 0.95) == 8
+    assert 1 <= choose_num_draft_tokens(cheap, 0.5) < 8
+
+
+def test_expensive_rounds_or_no_acceptance_pick_plain_decoding():
+    dear = {k: 1.5 + 0.5 * k for k in range(1, 9)}  # e.g. a large batch, compute-bound target
+    assert choose_num_draft_tokens(dear, 0.6) == 0
+    assert choose_num_draft_tokens({k: 1.1 for k in range(1, 5)}, 0.0) == 0
+
+
+def test_costs_from_the_recorded_benchmark():
+    costs = round_costs_from_benchmark(ROOT / "benchmarks" / "spec_rounds_h200.json", batch=1)
+    assert sorted(costs) == list(range(1, 9))
+    # A 1B draft model for an 8B target, batch 1: worth it only at high acceptance.
+    assert choose_num_draft_tokens(costs, 0.3) == 0
+    assert choose_num_draft_tokens(costs, 0.9) >= 3
