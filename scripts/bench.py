@@ -15,6 +15,7 @@ checkpoint directory. ``--tiny`` runs a seconds-long CPU smoke version. Results 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from jspec import benchmarking as B  # noqa: E402
 from jspec import engine, speculative  # noqa: E402
-from jspec.drafters import DraftModel, NGram  # noqa: E402
+from jspec.drafters import MTP, DraftModel, Eagle3, Eagle3Config, NGram, init_eagle3_head, init_mtp_head  # noqa: E402
 from jspec.drafters.oracle import Oracle  # noqa: E402
 from jspec.policy import choose_num_draft_tokens  # noqa: E402
 from jspec.sampling import SamplingParams  # noqa: E402
@@ -125,6 +126,16 @@ def _drafter(kind, target, args, dtype):
         return DraftModel(target)
     if kind == "ngram":
         return NGram()
+    key = jax.random.key(args.seed + 1)
+    if kind == "eagle3":  # an EAGLE-3-shaped head for this target (32k draft vocabulary, as published)
+        layer = dataclasses.replace(target.config, num_layers=1, rope_theta=10000.0, rope_scaling=None)
+        depth = target.config.num_layers  # the default layers [2, L//2, L-3] need L >= 5
+        config = Eagle3Config(layer=layer, draft_vocab_size=min(32000, layer.vocab_size),
+                              target_hidden_size=target.config.hidden_size,
+                              aux_layers=None if depth >= 5 else (0, depth // 2, depth - 1))
+        return Eagle3(jax.jit(init_eagle3_head, static_argnums=(0, 2))(config, key, dtype)).bind(target)
+    if kind == "mtp":
+        return MTP(jax.jit(init_mtp_head, static_argnums=(0, 2))(target.config, key, dtype)).bind(target)
     raise SystemExit(f"unknown drafter {kind!r}")
 
 
@@ -351,7 +362,7 @@ def main(argv=None):
 
     s = sub.add_parser("spec", help="speculation round cost and end-to-end speed-up")
     s.add_argument("--target", default="llama-3.1-8b")
-    s.add_argument("--drafter", default="draft-model", choices=["draft-model", "self", "ngram"])
+    s.add_argument("--drafter", default="draft-model", choices=["draft-model", "self", "ngram", "eagle3", "mtp"])
     s.add_argument("--draft", default="llama-3.2-1b", help="draft model preset/path for --drafter draft-model")
     s.add_argument("--batch", type=int, nargs="+", default=[1])
     s.add_argument("--context", type=int, default=512)
@@ -377,7 +388,7 @@ def main(argv=None):
         if args.command == "decode":
             args.targets, args.batch, args.context, args.steps, args.copy_bytes = ["tiny"], [1], [32], 8, 1 << 22
         elif args.command == "spec":
-            args.target, args.draft, args.context, args.k, args.new_tokens = "tiny", "tiny-draft", 32, [2], 8
+            args.target, args.draft, args.context, args.k, args.new_tokens = "tiny", "tiny-draft", 32, [2], 32
             args.alpha, args.k_end_to_end, args.stages_k = [0.8], [2], [2]
         else:
             args.target, args.draft, args.context, args.k = "tiny", "tiny-draft", 32, [2]

@@ -24,10 +24,13 @@ def test_help(script):
     assert "usage" in _run(ROOT / "scripts" / script, "--help").lower()
 
 
-@pytest.mark.parametrize("command", ["decode", "spec", "compile"])
+@pytest.mark.parametrize(
+    "command", [["decode"], ["spec"], ["spec", "--drafter", "eagle3"], ["spec", "--drafter", "mtp"], ["compile"]]
+)
 def test_bench_tiny(tmp_path, command):
-    out = tmp_path / f"{command}.json"
-    _run(ROOT / "scripts" / "bench.py", "--tiny", "--out", out, command)
+    out = tmp_path / "result.json"
+    _run(ROOT / "scripts" / "bench.py", "--tiny", "--out", out, *command)
+    command = command[0]
     result = json.loads(out.read_text())
     assert result["kind"] == command and result["environment"]["platform"] == "cpu"
     if command == "decode":

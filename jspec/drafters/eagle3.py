@@ -21,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 from jspec.config import LlamaConfig
 from jspec.drafters._head import HiddenStateDrafter
 from jspec.layers import linear, rms_norm
-from jspec.models.llama import Layer, Model, init_layer
+from jspec.models.llama import Layer, Model, init_layer, random_matrix, random_norm_weight
 
 
 @jax.tree_util.register_static
@@ -181,12 +182,8 @@ def init_eagle3_head(
     c = config.layer
     H = c.hidden_size
     k = jax.random.split(key, 8)
-
-    def normal(kk, shape):
-        return (scale * jax.random.normal(kk, shape, jnp.float32)).astype(dtype)
-
-    def norm(kk, shape):
-        return (1.0 + 0.1 * jax.random.normal(kk, shape, jnp.float32)).astype(dtype)
+    normal = functools.partial(random_matrix, dtype=dtype, scale=scale)
+    norm = functools.partial(random_norm_weight, dtype=dtype)
 
     d2t = None
     if config.draft_vocab_size < c.vocab_size:

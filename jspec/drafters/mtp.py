@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from jspec.config import LlamaConfig
 from jspec.drafters._head import HiddenStateDrafter
 from jspec.layers import linear, rms_norm
-from jspec.models.llama import FINAL_NORMED, Layer, Model, init_layer
+from jspec.models.llama import FINAL_NORMED, Layer, Model, init_layer, random_matrix, random_norm_weight
 
 _HIDDEN_CHOICES = ("post_norm", "pre_norm")
 # Fields of the target config the MTP block depends on.
@@ -144,15 +144,11 @@ def init_mtp_head(target_config: LlamaConfig, key, dtype=jnp.float32, *, scale: 
     c = target_config
     H = c.hidden_size
     k = jax.random.split(key, 5)
-
-    def norm(kk):
-        return (1.0 + 0.1 * jax.random.normal(kk, (H,), jnp.float32)).astype(dtype)
-
     return MTPHead(
-        enorm=norm(k[0]),
-        hnorm=norm(k[1]),
-        eh_proj=(scale * jax.random.normal(k[2], (2 * H, H), jnp.float32)).astype(dtype),
+        enorm=random_norm_weight(k[0], (H,), dtype),
+        hnorm=random_norm_weight(k[1], (H,), dtype),
+        eh_proj=random_matrix(k[2], (2 * H, H), dtype, scale),
         layer=init_layer(c, k[3], dtype, scale=scale, in_size=H),
-        norm=norm(k[4]),
+        norm=random_norm_weight(k[4], (H,), dtype),
         config=c,
     )

@@ -190,11 +190,13 @@ def forward(
     return logits, features, new_kv
 
 
-def _normal(key, shape, dtype, scale):
+def random_matrix(key, shape, dtype, scale):
+    """normal(0, scale) entries (random weights for tests and benchmarks)."""
     return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
 
 
-def _near_one(key, shape, dtype):
+def random_norm_weight(key, shape, dtype):
+    """Norm weights near 1, so that a test notices a norm applied to the wrong tensor."""
     return (1.0 + 0.1 * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
 
 
@@ -204,15 +206,15 @@ def init_layer(config: LlamaConfig, key: jax.Array, dtype=jnp.float32, *, scale:
     in_size = c.hidden_size if in_size is None else in_size
     k = iter(jax.random.split(key, 9))
     return Layer(
-        attn_norm=_near_one(next(k), (c.hidden_size,), dtype),
-        qkv=_normal(next(k), (in_size, c.q_size + 2 * c.kv_size), dtype, scale),
-        o=_normal(next(k), (c.q_size, c.hidden_size), dtype, scale),
-        mlp_norm=_near_one(next(k), (c.hidden_size,), dtype),
-        gate_up=_normal(next(k), (c.hidden_size, 2 * c.intermediate_size), dtype, scale),
-        down=_normal(next(k), (c.intermediate_size, c.hidden_size), dtype, scale),
-        qkv_bias=_normal(next(k), (c.q_size + 2 * c.kv_size,), dtype, scale) if c.qkv_bias else None,
-        q_norm=_near_one(next(k), (c.head_dim,), dtype) if c.qk_norm else None,
-        k_norm=_near_one(next(k), (c.head_dim,), dtype) if c.qk_norm else None,
+        attn_norm=random_norm_weight(next(k), (c.hidden_size,), dtype),
+        qkv=random_matrix(next(k), (in_size, c.q_size + 2 * c.kv_size), dtype, scale),
+        o=random_matrix(next(k), (c.q_size, c.hidden_size), dtype, scale),
+        mlp_norm=random_norm_weight(next(k), (c.hidden_size,), dtype),
+        gate_up=random_matrix(next(k), (c.hidden_size, 2 * c.intermediate_size), dtype, scale),
+        down=random_matrix(next(k), (c.intermediate_size, c.hidden_size), dtype, scale),
+        qkv_bias=random_matrix(next(k), (c.q_size + 2 * c.kv_size,), dtype, scale) if c.qkv_bias else None,
+        q_norm=random_norm_weight(next(k), (c.head_dim,), dtype) if c.qk_norm else None,
+        k_norm=random_norm_weight(next(k), (c.head_dim,), dtype) if c.qk_norm else None,
     )
 
 
@@ -224,9 +226,9 @@ def init_params(config: LlamaConfig, key: jax.Array, dtype=jnp.float32, *, scale
     c = config
     embed_key, norm_key, head_key, *layer_keys = jax.random.split(key, 3 + c.num_layers)
     return Model(
-        embed=_normal(embed_key, (c.vocab_size, c.hidden_size), dtype, scale),
+        embed=random_matrix(embed_key, (c.vocab_size, c.hidden_size), dtype, scale),
         layers=tuple(init_layer(c, k, dtype, scale=scale) for k in layer_keys),
-        final_norm=_near_one(norm_key, (c.hidden_size,), dtype),
-        lm_head=None if c.tie_word_embeddings else _normal(head_key, (c.hidden_size, c.vocab_size), dtype, scale),
+        final_norm=random_norm_weight(norm_key, (c.hidden_size,), dtype),
+        lm_head=None if c.tie_word_embeddings else random_matrix(head_key, (c.hidden_size, c.vocab_size), dtype, scale),
         config=c,
     )
