@@ -389,7 +389,9 @@ def main(argv=None):
             args.targets, args.batch, args.context, args.steps, args.copy_bytes = ["tiny"], [1], [32], 8, 1 << 22
         elif args.command == "spec":
             args.target, args.draft, args.context, args.k, args.new_tokens = "tiny", "tiny-draft", 32, [2], 32
-            args.alpha, args.k_end_to_end, args.stages_k = [0.8], [2], [2]
+            # shrink what was asked for; an empty --alpha / --stages-k stays empty
+            args.k_end_to_end = [2]
+            args.alpha, args.stages_k = [0.8][: len(args.alpha)], [2][: len(args.stages_k)]
         else:
             args.target, args.draft, args.context, args.k = "tiny", "tiny-draft", 32, [2]
     if args.command == "decode":

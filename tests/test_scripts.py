@@ -25,7 +25,14 @@ def test_help(script):
 
 
 @pytest.mark.parametrize(
-    "command", [["decode"], ["spec"], ["spec", "--drafter", "eagle3"], ["spec", "--drafter", "mtp"], ["compile"]]
+    "command",
+    [
+        ["decode"],
+        ["spec"],  # draft model: rounds, stages, end to end with the oracle
+        ["spec", "--drafter", "eagle3", "--alpha", "--stages-k"],  # rounds only
+        ["compile"],
+    ],
+    ids=["decode", "spec", "spec-eagle3", "compile"],
 )
 def test_bench_tiny(tmp_path, command):
     out = tmp_path / "result.json"
