@@ -19,7 +19,7 @@ from jspec.models.llama import Model, forward
 from jspec.sampling import SamplingParams, sample
 
 # Prompt and cache lengths are rounded up so that a handful of compiled shapes serve all inputs.
-_MIN_PROMPT_BUCKET = 16
+_MIN_BUCKET = 16
 _CACHE_ALIGN = 128
 
 
@@ -27,9 +27,9 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def prompt_bucket(max_prompt_len: int) -> int:
-    """Padded prompt width: the next power of two (at least 16)."""
-    return max(_MIN_PROMPT_BUCKET, 1 << (max_prompt_len - 1).bit_length())
+def bucket(n: int) -> int:
+    """The next power of two >= ``n`` (at least 16): padded prompt and output widths."""
+    return max(_MIN_BUCKET, 1 << (n - 1).bit_length())
 
 
 def cache_length(prompt_width: int, max_total: int) -> int:
@@ -71,7 +71,7 @@ def validate_prompts(prompts, vocab_size: int, max_new_tokens, max_positions: in
 def pad_prompts(prompts: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     """Right-pad to the bucket width: tokens ``[batch, width]`` int32 and lengths ``[batch]``."""
     lengths = np.array([len(p) for p in prompts], np.int32)
-    tokens = np.zeros((len(prompts), prompt_bucket(int(lengths.max()))), np.int32)
+    tokens = np.zeros((len(prompts), bucket(int(lengths.max()))), np.int32)
     for b, p in enumerate(prompts):
         tokens[b, : len(p)] = p
     return tokens, lengths
@@ -163,7 +163,7 @@ def start_decoding(model, tokens, prompt_lengths, key, *, params, eos_ids, outpu
 
 def output_width(max_new_tokens: int) -> int:
     """Output buffer width: a power of two, so nearby ``max_new_tokens`` share one program."""
-    return prompt_bucket(max_new_tokens)
+    return bucket(max_new_tokens)
 
 
 @functools.partial(jax.jit, static_argnames=("params", "eos_ids", "output_width", "max_len", "impl"))

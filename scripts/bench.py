@@ -139,11 +139,14 @@ def _drafter(kind, target, args, dtype):
     raise SystemExit(f"unknown drafter {kind!r}")
 
 
-def _spec_state(target, drafter, batch, context, k, capacity, impl, seed=0):
+# One jitted prefill for every k: the initial state does not depend on k.
+_start = jax.jit(speculative.start, static_argnames=("params", "eos_ids", "capacity", "max_len", "impl"))
+
+
+def _spec_state(target, drafter, batch, context, capacity, impl, seed=0):
     tokens = _random_prompts(batch, context, target.config.vocab_size, seed)
     lengths = jnp.full((batch,), context, jnp.int32)
-    start = jax.jit(speculative.start, static_argnames=("params", "eos_ids", "capacity", "max_len", "impl"))
-    return start(target, drafter, tokens, lengths, jax.random.key(seed), params=GREEDY, eos_ids=(),
+    return _start(target, drafter, tokens, lengths, jax.random.key(seed), params=GREEDY, eos_ids=(),
                  capacity=capacity, max_len=capacity, impl=impl)
 
 
@@ -169,7 +172,7 @@ def cmd_spec(args):
                 ),
                 donate_argnums=2,
             )
-            state = _spec_state(target, drafter, batch, args.context, k, capacity, args.impl)
+            state = _spec_state(target, drafter, batch, args.context, capacity, args.impl)
             timing, state = B.time_steps(lambda s: round_fn(target, drafter, s), state, repeats=args.repeats)
             round_s = timing.median_s
             stages = _stage_times(target, drafter, state, k, args) if k in args.stages_k else {}
