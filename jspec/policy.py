@@ -6,11 +6,17 @@ With per-token acceptance rate ``alpha`` (i.i.d. model), a round of ``k`` drafts
 batch size in question by ``scripts/bench.py spec``). The best k maximises
 ``E[len] / round_cost[k]``; plain decoding scores 1. Large batches make rounds relatively
 dearer (the target stops being bandwidth-bound), so the choice falls to small k, then 0.
+
+Costs are measured at a few batch sizes; :func:`choose_for_batch` serves any batch size by
+interpolating each k's cost linearly in ``log2(batch)`` between the measured neighbours (and
+holding the nearest measurement outside their range).
 """
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -34,10 +40,40 @@ def choose_num_draft_tokens(round_cost: Mapping[int, float], alpha: float) -> in
     return best_k
 
 
-def round_costs_from_benchmark(path, batch: int) -> dict[int, float]:
-    """``{k: round / decode step}`` at ``batch`` from a ``scripts/bench.py spec`` JSON."""
+def round_costs_at_batch(costs_by_batch: Mapping[int, Mapping[int, float]], batch: int) -> dict[int, float]:
+    """``{k: cost}`` at any ``batch`` from ``{measured batch: {k: cost}}`` (see module docstring).
+
+    Only the k measured at both neighbouring batch sizes are kept."""
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    measured = sorted(costs_by_batch)
+    if not measured:
+        raise ValueError("no round costs given")
+    i = bisect.bisect_left(measured, batch)
+    if i < len(measured) and measured[i] == batch:
+        return dict(costs_by_batch[batch])
+    if i == 0 or i == len(measured):
+        return dict(costs_by_batch[measured[min(i, len(measured) - 1)]])
+    lo, hi = measured[i - 1], measured[i]
+    t = (math.log2(batch) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+    shared = costs_by_batch[lo].keys() & costs_by_batch[hi].keys()
+    return {k: (1 - t) * costs_by_batch[lo][k] + t * costs_by_batch[hi][k] for k in sorted(shared)}
+
+
+def choose_for_batch(costs_by_batch: Mapping[int, Mapping[int, float]], batch: int, alpha: float) -> int:
+    """The k (0 = plain decoding) for ``batch`` sequences at acceptance rate ``alpha``."""
+    return choose_num_draft_tokens(round_costs_at_batch(costs_by_batch, batch), alpha)
+
+
+def round_costs_from_benchmark(path, batch: int | None = None):
+    """Round costs from a ``scripts/bench.py spec`` JSON: ``{k: round / decode step}`` at
+    ``batch``, or ``{batch: {k: ...}}`` for every measured batch when ``batch`` is None."""
     rows = json.loads(Path(path).read_text())["results"]["rounds"]
-    costs = {r["k"]: r["overhead_ratio"] for r in rows if r["batch"] == batch}
-    if not costs:
+    by_batch: dict[int, dict[int, float]] = {}
+    for r in rows:
+        by_batch.setdefault(int(r["batch"]), {})[int(r["k"])] = float(r["overhead_ratio"])
+    if batch is None:
+        return by_batch
+    if batch not in by_batch:
         raise ValueError(f"{path} has no round timings at batch {batch}")
-    return costs
+    return by_batch[batch]

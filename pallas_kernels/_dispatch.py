@@ -7,6 +7,10 @@ Every kernel module exposes one public dispatcher taking ``impl``:
   ``interpret=True`` so that CPU tests exercise the kernel body;
 * ``"auto"``   -- the kernel on a GPU for the shapes where a recorded benchmark
   (``benchmarks/``) shows it faster, the reference everywhere else.
+
+One ``impl`` string is threaded through the whole model, so a choice can also name
+per-kernel exceptions after the default: ``"auto,skinny_matmul=xla"`` runs every kernel on
+``auto`` except the matmul (how the benchmarks time a model with and without one kernel).
 """
 
 from __future__ import annotations
@@ -14,12 +18,23 @@ from __future__ import annotations
 import jax
 
 IMPLS = ("auto", "pallas", "xla")
+KERNELS = ("decode_attention", "gather_rows", "skinny_matmul")
 
 
-def check_impl(impl: str) -> str:
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    return impl
+def check_impl(impl: str, kernel: str) -> str:
+    """The choice (one of ``IMPLS``) that ``impl`` makes for ``kernel`` (one of ``KERNELS``)."""
+    default, *overrides = impl.split(",") if isinstance(impl, str) else [impl]
+    choices = {}
+    for item in overrides:
+        name, _, choice = item.partition("=")
+        if name not in KERNELS or choice not in IMPLS or name in choices:
+            raise ValueError(f"bad kernel override {item!r} in impl {impl!r}: expected one "
+                             f"'<kernel>=<choice>' per kernel, kernel in {KERNELS}, choice in {IMPLS}")
+        choices[name] = choice
+    if default not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, optionally followed by ',<kernel>=<choice>' "
+                         f"overrides, got {impl!r}")
+    return choices.get(kernel, default)
 
 
 def on_gpu() -> bool:

@@ -29,7 +29,9 @@ runs an online softmax over its share of the KV blocks, where the shares are cut
 of rows the block can see (``[lo, hi)``, from ``kv_lengths``, positions and window, computed in
 the kernel), so blocks past the length are never read. The kernel reads q, the lengths and the
 positions as they are (no XLA preparation ops); with one split it writes the normalised output
-itself (a single launch), otherwise fp32 partials merged by a log-sum-exp combine in XLA. Masks
+itself (a single launch), otherwise fp32 partials that a second small Pallas kernel merges
+(log-sum-exp combine, one program per query-head row: two launches in all, where XLA's combine
+took several). Masks
 are explicit (rows past the length may hold anything, NaN included); K and V are passed as they
 are (never copied) when ``max_len`` is a multiple of ``block_k`` (64; 32 for head_dim 256) and
 ``head_dim`` a power of two >= 16, and padded to whole blocks otherwise.
@@ -384,6 +386,8 @@ def decode_attention_pallas(
     for name, val in (("block_k", block_k), ("block_m", block_m)):
         if val < 16 or val & (val - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {val}")
+    if k_splits < 1 or k_splits & (k_splits - 1):
+        raise ValueError(f"k_splits must be a power of two, got {k_splits}")
     outs = _decode_call(
         q, k, v, kv_lengths, q_positions, tail_mask, window, head_dim**-0.5 if scale is None else scale,
         block_m=block_m,
@@ -395,14 +399,41 @@ def decode_attention_pallas(
     )
     if k_splits == 1:
         out = outs[0]
-    else:  # log-sum-exp combine of the splits (m in log2 units)
+    else:
         o, m, l = outs
-        m_max = lax.optimization_barrier(jnp.max(m, axis=1, keepdims=True))
-        corr = jnp.exp2(m - m_max)  # [B, splits, Q*Hq]
-        l_tot = jnp.sum(l * corr, axis=1)  # [B, Q*Hq]
-        acc = jnp.sum(o.reshape(batch, k_splits, num_q * num_q_heads, d_pad) * corr[..., None], axis=1)
-        out = (acc / jnp.where(l_tot > 0, l_tot, 1.0)[..., None]).astype(q.dtype)
+        out = _combine_call(o.reshape(batch, k_splits, num_q * num_q_heads, d_pad), m, l, q.dtype,
+                            interpret=interpret_mode() if interpret is None else interpret)
     return out.reshape(batch, num_q, num_q_heads, d_pad)[..., :head_dim]
+
+
+def _combine_kernel(o_ref, m_ref, l_ref, out_ref):
+    # o_ref [k_splits, d] unnormalised partials of one (batch, query head row); m_ref, l_ref [k_splits]
+    # running max (log2 units) and denominators; out_ref [d]. Empty splits have m = _MASK_VALUE and
+    # l = 0, so they weigh nothing; a row that saw nothing at all gets 0.
+    m = m_ref[...]
+    corr = jnp.exp2(m - jnp.max(m))
+    total = jnp.sum(l_ref[...] * corr)
+    acc = jnp.sum(o_ref[...] * corr[:, None], axis=0)
+    out_ref[...] = (acc / jnp.where(total > 0, total, 1.0)).astype(out_ref.dtype)
+
+
+def _combine_call(o, m, l, dtype, *, interpret):
+    """Log-sum-exp combine of the splits in one launch: o [B, S, R, D], m and l [B, S, R] -> [B, R, D]."""
+    batch, k_splits, rows, d_pad = o.shape
+    return pl.pallas_call(
+        _combine_kernel,
+        grid=(batch, rows),
+        in_specs=[
+            pl.BlockSpec((None, k_splits, None, d_pad), lambda b, r: (b, 0, r, 0)),
+            pl.BlockSpec((None, k_splits, None), lambda b, r: (b, 0, r)),
+            pl.BlockSpec((None, k_splits, None), lambda b, r: (b, 0, r)),
+        ],
+        out_specs=pl.BlockSpec((None, None, d_pad), lambda b, r: (b, r, 0)),
+        out_shape=jax.ShapeDtypeStruct((batch, rows, d_pad), dtype),
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+        interpret=interpret,
+        name="jspec_decode_attention_combine",
+    )(o, m, l)
 
 
 # --------------------------------------------------------------------------------------------
@@ -431,7 +462,7 @@ def use_pallas(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype
 
 def decode_attention(q, k, v, kv_lengths, *, q_positions, tail_mask=None, window=None, scale=None, impl="auto"):
     """Dispatcher: see the module docstring for shapes and the visibility rule."""
-    impl = check_impl(impl)
+    impl = check_impl(impl, "decode_attention")
     if q.shape[2] % k.shape[1]:
         raise ValueError(f"num_q_heads {q.shape[2]} is not a multiple of num_kv_heads {k.shape[1]}")
     if impl == "auto":

@@ -128,7 +128,7 @@ def use_pallas(batch, n, seq_len, hidden, has_norm) -> bool:
 
 def gather_rows(x, rows, *, norm_weight=None, eps=1e-6, impl="auto"):
     """Dispatcher: see the module docstring for shapes."""
-    impl = check_impl(impl)
+    impl = check_impl(impl, "gather_rows")
     if impl == "auto":
         n = 1 if rows.ndim == 1 else rows.shape[1]
         use = on_gpu() and use_pallas(x.shape[0], n, x.shape[1], x.shape[2], norm_weight is not None)

@@ -19,10 +19,11 @@ weight-streaming GEMV/GEMM (Triton backend):
   small XLA fusion adds up and casts.
 
 ``skinny_matmul(..., impl="auto")`` uses the kernel only on a GPU and only for the shapes
-where ``benchmarks/skinny_matmul*.json`` showed it faster than XLA's dot: one row (M = 1)
-with 1024 <= N <= 32768 and K >= 1024, 16-bit operands (see ``_auto_uses_pallas``);
-everywhere else (CPU, M >= 2, prefill) it is the reference. ``impl="pallas"`` takes any
-M <= 64 (tilings: ``default_config``, swept per M bucket for the Llama-3.1-8B shapes).
+where ``benchmarks/skinny_matmul*.json`` showed it faster than XLA's dot (16-bit operands;
+the swept model shapes per M bucket up to 16 rows, other shapes at M = 1; see
+``_auto_uses_pallas``); everywhere else (CPU, prefill) it is the reference.
+``impl="pallas"`` takes any M <= 64 (tilings: ``default_config``, swept per M bucket for the
+Llama-3.2-1B and Llama-3.1-8B projection shapes).
 """
 
 from __future__ import annotations
@@ -63,27 +64,37 @@ class SkinnyConfig:
     num_stages: int = 4
 
 
-# Best tilings from the sweep in benchmarks/skinny_matmul.json (H200, jax 0.11.2), for the
-# Llama-3.1-8B shapes, by M bucket (M <= 2 -> 1, 3..16 -> 8, 17..64 -> 32):
-# (block_n, block_k, split_k, num_warps, num_stages).
+# Tilings from the sweeps (H200, jax 0.11.2; ``benchmarks/skinny_matmul_sweep.json`` for the
+# Llama-3.2-1B / 3.1-8B projection shapes as the model fuses them: qkv, o, gate_up, down, LM head;
+# the earlier ``skinny_matmul.json`` sweep for 4096 x 14336), by M bucket (M <= 2 -> 1, 3..8 -> 5,
+# 9..16 -> 16, 17..64 -> 32): ((block_n, block_k, split_k, num_warps, num_stages), whether the
+# best tiling beat XLA's dot by >= 2% there -- which decides ``impl="auto"``).
 _TUNED = {
-    (4096, 4096): {1: (128, 128, 8, 4, 4), 8: (128, 128, 8, 4, 4), 32: (32, 128, 4, 4, 4)},
-    (4096, 14336): {1: (128, 128, 2, 4, 4), 8: (64, 256, 1, 4, 4), 32: (64, 256, 1, 4, 4)},
-    (14336, 4096): {1: (128, 128, 8, 4, 4), 8: (128, 64, 16, 4, 6), 32: (128, 128, 8, 4, 4)},
-    (4096, 128256): {1: (128, 128, 1, 4, 4), 8: (128, 64, 1, 4, 6), 32: (128, 128, 1, 4, 3)},
+    (4096, 6144): {1: ((128, 32, 8, 8, 4), True), 5: ((128, 32, 8, 4, 4), True), 16: ((128, 64, 8, 4, 4), True)},
+    (4096, 4096): {1: ((256, 32, 8, 8, 4), True), 5: ((128, 64, 8, 4, 4), False), 16: ((64, 128, 2, 4, 4), True)},
+    (4096, 28672): {1: ((256, 64, 1, 8, 4), True), 5: ((256, 64, 1, 4, 4), True), 16: ((128, 64, 1, 4, 4), False)},
+    (14336, 4096): {1: ((256, 64, 8, 4, 4), True), 5: ((128, 64, 8, 4, 4), False), 16: ((64, 128, 2, 4, 4), True)},
+    (2048, 3072): {1: ((64, 128, 8, 8, 4), True), 5: ((128, 32, 16, 4, 4), False), 16: ((128, 128, 4, 4, 4), True)},
+    (2048, 2048): {1: ((256, 32, 16, 8, 6), True), 5: ((128, 64, 16, 4, 4), False), 16: ((64, 128, 4, 4, 4), True)},
+    (2048, 16384): {1: ((128, 64, 1, 8, 6), True), 5: ((128, 128, 1, 4, 4), True), 16: ((128, 64, 1, 4, 4), True)},
+    (8192, 2048): {1: ((128, 64, 8, 4, 6), True), 5: ((128, 32, 16, 4, 4), False), 16: ((128, 128, 8, 4, 4), False)},
+    (4096, 128256): {1: ((256, 32, 1, 4, 4), False), 5: ((128, 64, 1, 4, 4), False), 16: ((256, 32, 1, 4, 4), False)},
+    (2048, 128256): {1: ((128, 32, 1, 4, 6), True), 5: ((256, 32, 1, 4, 4), False), 16: ((256, 32, 1, 4, 4), True)},
+    (4096, 14336): {1: ((128, 128, 2, 4, 4), True), 5: ((64, 256, 1, 4, 4), False), 32: ((64, 256, 1, 4, 4), False)},
 }
 
 
 def _m_bucket(m: int) -> int:
-    return 1 if m <= 2 else 8 if m <= 16 else 32
+    return 1 if m <= 2 else 5 if m <= 8 else 16 if m <= 16 else 32
 
 
 def default_config(m: int, k: int, n: int, itemsize: int = 2) -> SkinnyConfig:
     """Tiling for x [m, k] @ w [k, n]: the swept table where it has the shape, else the
     rule that won the sweep at M = 1 on every swept shape: 128 x 128 tiles, split-K up to
     >= 1.5 waves of programs (keeping >= 2 K steps per program), 4 warps, 4 stages."""
-    if itemsize == 2 and (k, n) in _TUNED:
-        return SkinnyConfig(*_TUNED[(k, n)][_m_bucket(m)])
+    tuned = _TUNED.get((k, n), {}).get(_m_bucket(m)) if itemsize == 2 else None
+    if tuned is not None:
+        return SkinnyConfig(*tuned[0])
     block_n = min(128, _pow2_at_least(n, 16))
     block_k = min(128 if itemsize <= 2 else 64, _pow2_at_least(k, 16))
     tiles = pl.cdiv(n, block_n)
@@ -215,20 +226,25 @@ def skinny_matmul_pallas(x, w, *, config: SkinnyConfig | None = None, interpret=
 
 
 def _auto_uses_pallas(m: int, k: int, n: int, x_dtype, w_dtype) -> bool:
-    """The ``impl="auto"`` rule on a GPU (benchmarks/skinny_matmul*.json, H100 and H200).
+    """The ``impl="auto"`` rule on a GPU (``benchmarks/skinny_matmul*.json``, H100 and H200).
 
-    The kernel beat XLA's dot only for a single row (M = 1: decode at batch 1, each draft
-    step): by 4-40% on 2048/4096/8192/14336-sized projections, where XLA's M = 1 dot is
-    weak. At M >= 2 XLA was as fast or faster, and on the LM head (N = 128256) they tie.
+    16-bit operands only. Swept shapes (``_TUNED``): the kernel where its best tiling beat XLA's
+    dot in that M bucket. Other shapes: one row only (M = 1: decode at batch 1, each draft step),
+    where the kernel beat XLA on every mid-size projection measured (XLA's M = 1 dot is weak), but
+    not the LM head (N > 32768), where they tie.
     """
     half = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-    return (m == 1 and jnp.dtype(x_dtype) == jnp.dtype(w_dtype)
-            and jnp.dtype(x_dtype) in half and k >= 1024 and 1024 <= n <= 32768)
+    if jnp.dtype(x_dtype) != jnp.dtype(w_dtype) or jnp.dtype(x_dtype) not in half or m > MAX_M:
+        return False
+    tuned = _TUNED.get((k, n), {}).get(_m_bucket(m))
+    if tuned is not None:
+        return tuned[1]
+    return m == 1 and k >= 1024 and 1024 <= n <= 32768
 
 
 def skinny_matmul(x, w, *, impl="auto"):
     """Dispatcher: ``x @ w`` for x [..., K], w [K, N] -> [..., N]."""
-    impl = check_impl(impl)
+    impl = check_impl(impl, "skinny_matmul")
     m = math.prod(x.shape[:-1])
     if impl == "pallas":
         if m > MAX_M:

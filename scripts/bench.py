@@ -26,11 +26,12 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
+import jspec  # noqa: E402
 from jspec import benchmarking as B  # noqa: E402
 from jspec import engine, speculative  # noqa: E402
 from jspec.drafters import MTP, DraftModel, Eagle3, Eagle3Config, NGram, init_eagle3_head, init_mtp_head  # noqa: E402
 from jspec.drafters.oracle import Oracle  # noqa: E402
-from jspec.policy import choose_num_draft_tokens  # noqa: E402
+from jspec.policy import choose_for_batch  # noqa: E402
 from jspec.sampling import SamplingParams  # noqa: E402
 
 GREEDY = SamplingParams()
@@ -66,6 +67,19 @@ def measure_decode_loop(model, batch, context, *, steps, impl, repeats):
     return per_token, short.median_s
 
 
+def _verify_pass(capture, impl):
+    """The target's verify forward: ``k + 1`` rows against the cache (read-only), all logits."""
+    return jax.jit(lambda t, tokens, kv: jspec.forward(t, tokens, kv, capture=capture, impl=impl)[0])
+
+
+def measure_verify(model, batch, context, *, rows, impl, repeats):
+    """Seconds of one verify forward of ``rows`` rows per sequence after ``context`` cached rows."""
+    state = _decode_state(model, batch, context, engine.cache_length(context, context + rows), impl)
+    tokens = jnp.zeros((batch, rows), jnp.int32)
+    verify = _verify_pass((), impl)
+    return B.time_fn(lambda: verify(model, tokens, state.kv), repeats=repeats).median_s
+
+
 def cmd_decode(args):
     dtype = jnp.dtype(args.dtype)
     bw = B.copy_bandwidth(args.copy_bytes)
@@ -81,17 +95,28 @@ def cmd_decode(args):
                     )
                     kv = B.kv_bytes_per_step(model, batch, context + args.steps // 2)
                     roofline_s = (weights + kv) / bw["bytes_per_s"]
-                    results.append(dict(
+                    row = dict(
                         target=preset, batch=batch, context=context, impl=impl, ms_per_token=per_token * 1e3,
                         tokens_per_s=batch / per_token, weight_bytes=weights, kv_bytes=kv,
                         roofline_ms_per_token=roofline_s * 1e3, roofline_fraction=roofline_s / per_token,
                         prefill_plus_first_token_ms=prefill_s * 1e3,
-                    ))
-                    tqdm.write(f"{preset} b={batch} ctx={context} {impl}: {per_token * 1e3:.3f} ms/token, "
+                    )
+                    message = (f"{preset} b={batch} ctx={context} {impl}: {per_token * 1e3:.3f} ms/token, "
                                f"roofline {roofline_s * 1e3:.3f} ms ({roofline_s / per_token:.1%})")
+                    if args.verify_rows:
+                        verify_s = measure_verify(model, batch, context, rows=args.verify_rows, impl=impl,
+                                                  repeats=args.repeats)
+                        verify_roofline_s = (weights + B.kv_bytes_per_step(model, batch, context)) / bw["bytes_per_s"]
+                        row.update(verify_rows=args.verify_rows, verify_ms=verify_s * 1e3,
+                                   verify_roofline_fraction=verify_roofline_s / verify_s)
+                        message += f"; verify {args.verify_rows} rows {verify_s * 1e3:.3f} ms " \
+                                   f"({verify_roofline_s / verify_s:.1%})"
+                    results.append(row)
+                    tqdm.write(message)
         del model
     out = dict(kind="decode", environment=B.environment(dtype, args.seed), copy_bandwidth=bw,
-               method="generate's on-device while loop; ms/token = (T(n) - T(1)) / (n - 1), medians",
+               method="generate's on-device while loop; ms/token = (T(n) - T(1)) / (n - 1), medians; "
+                      "verify: one jitted forward of --verify-rows rows (all logits), median",
                steps=args.steps, results=results)
     B.write_json(args.out, out)
     _plot_decode(results, Path(args.out).with_suffix(".png"))
@@ -185,11 +210,13 @@ def cmd_spec(args):
         if args.alpha:
             results["end_to_end"] += _end_to_end(target, drafter, batch, args)
     if results["rounds"]:  # the k that jspec.policy picks from these costs, per batch and acceptance rate
+        by_batch = {}
+        for r in results["rounds"]:
+            by_batch.setdefault(r["batch"], {})[r["k"]] = r["overhead_ratio"]
+        batches = sorted({2**i for i in range(max(by_batch).bit_length())} | set(by_batch))
         results["policy"] = {
-            batch: {alpha: choose_num_draft_tokens(
-                {r["k"]: r["overhead_ratio"] for r in results["rounds"] if r["batch"] == batch}, alpha)
-                for alpha in (0.3, 0.5, 0.7, 0.8, 0.9)}
-            for batch in args.batch
+            batch: {alpha: choose_for_batch(by_batch, batch, alpha) for alpha in (0.3, 0.5, 0.6, 0.7, 0.8, 0.9)}
+            for batch in batches
         }
     if args.hf:
         results["hf"] = _hf_peer(target, drafter, results["end_to_end"], args)
@@ -206,12 +233,10 @@ def cmd_spec(args):
 def _stage_times(target, drafter, state, k, args):
     """Propose and verify timed alone (state not donated: both are read-only here)."""
     from jspec.drafters.base import RoundContext
-    from jspec.models.llama import forward
-
     ctx = RoundContext(state.history, state.target_kv.lengths, state.root, state.features, state.target_kv)
     propose = jax.jit(lambda d, ds, c: d.propose(ds, c, num_draft_tokens=k, params=GREEDY, key=jax.random.key(0))[0])
     tokens = jnp.zeros((state.history.shape[0], k + 1), jnp.int32)
-    verify = jax.jit(lambda t, tok, kv: forward(t, tok, kv, capture=drafter.capture, impl=args.impl)[0])
+    verify = _verify_pass(drafter.capture, args.impl)
     p = B.time_fn(lambda: propose(drafter, state.draft_state, ctx), repeats=args.repeats).median_s
     v = B.time_fn(lambda: verify(target, tokens, state.target_kv), repeats=args.repeats).median_s
     return dict(propose_ms=p * 1e3, verify_ms=v * 1e3)
@@ -315,8 +340,6 @@ def cmd_compile(args):
     """Trace + compile time of the whole speculative program for several k (abstract weights)."""
     import time
 
-    import jspec
-
     dtype = jnp.dtype(args.dtype)
     abstract = lambda name: jax.eval_shape(  # noqa: E731
         lambda: jspec.init_params(B.PRESETS[name], jax.random.key(0), dtype)
@@ -344,13 +367,25 @@ def cmd_compile(args):
     B.write_json(args.out, out)
 
 
+def _impl(text):
+    from pallas_kernels._dispatch import check_impl
+
+    try:
+        check_impl(text, "skinny_matmul")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="seconds-long CPU smoke run on tiny random models")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--impl", default="auto", choices=["auto", "pallas", "xla"])
+    parser.add_argument("--impl", default="auto", type=_impl,
+                        help="kernel choice: auto, pallas or xla, optionally with per-kernel exceptions, "
+                             "e.g. 'auto,skinny_matmul=xla'")
     parser.add_argument("--out", required=True, help="JSON output path (a PNG plot is written beside it)")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -360,7 +395,10 @@ def main(argv=None):
     d.add_argument("--batch", type=int, nargs="+", default=[1])
     d.add_argument("--context", type=int, nargs="+", default=[512])
     d.add_argument("--steps", type=int, default=128)
-    d.add_argument("--impl", dest="impl_list", nargs="+", default=None, help="kernel choices to compare")
+    d.add_argument("--impl", dest="impl_list", nargs="+", type=_impl, default=None,
+                   help="kernel choices to compare (same syntax as the global --impl)")
+    d.add_argument("--verify-rows", type=int, default=0,
+                   help="also time a verify forward of this many rows (k + 1), e.g. 5")
     d.add_argument("--copy-bytes", type=int, default=2 << 30)
 
     s = sub.add_parser("spec", help="speculation round cost and end-to-end speed-up")

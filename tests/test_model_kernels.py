@@ -8,6 +8,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jspec import forward
 from tests.tiny import tiny_model
@@ -29,3 +30,26 @@ def test_forward_on_pallas_kernels_matches_xla():
         _prefill_then_decode(model, tokens, impl="pallas"), _prefill_then_decode(model, tokens, impl="xla"), strict=True
     ):
         np.testing.assert_allclose(np.asarray(kernel), np.asarray(reference), rtol=1e-4, atol=1e-4)
+
+
+def test_impl_names_per_kernel_exceptions():
+    """``"<default>,<kernel>=<choice>"`` overrides one kernel; anything else is a clear error."""
+    from pallas_kernels._dispatch import check_impl
+
+    assert check_impl("auto", "skinny_matmul") == "auto"
+    assert check_impl("auto,skinny_matmul=xla", "skinny_matmul") == "xla"
+    assert check_impl("auto,skinny_matmul=xla", "decode_attention") == "auto"
+    assert check_impl("xla,gather_rows=pallas,decode_attention=pallas", "decode_attention") == "pallas"
+    for bad in ("fast", "auto,skinny_matmul", "auto,matmul=xla", "auto,skinny_matmul=fast",
+                "auto,gather_rows=xla,gather_rows=pallas"):
+        with pytest.raises(ValueError, match="impl"):
+            check_impl(bad, "skinny_matmul")
+
+
+def test_forward_with_one_kernel_overridden():
+    model = tiny_model(0)
+    tokens = jax.random.randint(jax.random.key(1), (2, 6), 0, model.config.vocab_size)
+    mixed = _prefill_then_decode(model, tokens, impl="xla,skinny_matmul=pallas")
+    reference = _prefill_then_decode(model, tokens, impl="xla")
+    for a, b in zip(mixed, reference, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)

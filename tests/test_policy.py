@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from jspec.policy import choose_num_draft_tokens, expected_acceptance_length, round_costs_from_benchmark
+from jspec.policy import (
+    choose_for_batch,
+    choose_num_draft_tokens,
+    expected_acceptance_length,
+    round_costs_at_batch,
+    round_costs_from_benchmark,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,3 +43,26 @@ def test_costs_from_the_recorded_benchmark():
     # A 1B draft model for an 8B target, batch 1: worth it only at high acceptance.
     assert choose_num_draft_tokens(costs, 0.3) == 0
     assert choose_num_draft_tokens(costs, 0.9) >= 3
+
+
+def test_costs_between_measured_batches_interpolate_in_log_batch():
+    by_batch = {1: {1: 1.2, 4: 2.0}, 16: {1: 2.0, 4: 6.0, 8: 9.0}}
+    assert round_costs_at_batch(by_batch, 1) == {1: 1.2, 4: 2.0}
+    assert round_costs_at_batch(by_batch, 4) == pytest.approx({1: 1.6, 4: 4.0})  # halfway in log2
+    assert round_costs_at_batch(by_batch, 64) == by_batch[16]  # held beyond the last measurement
+    with pytest.raises(ValueError):
+        round_costs_at_batch(by_batch, 0)
+
+
+def test_speculation_switches_off_as_the_batch_grows():
+    by_batch = {1: {k: 1.0 + 0.25 * k for k in range(1, 9)}, 64: {k: 1.0 + 1.0 * k for k in range(1, 9)}}
+    assert choose_for_batch(by_batch, 1, 0.8) >= 3
+    assert choose_for_batch(by_batch, 64, 0.8) == 0
+    picks = [choose_for_batch(by_batch, b, 0.8) for b in (1, 2, 4, 8, 16, 32, 64)]
+    assert picks == sorted(picks, reverse=True)
+
+
+def test_all_batches_from_the_recorded_benchmark():
+    by_batch = round_costs_from_benchmark(ROOT / "benchmarks" / "spec_rounds_h200.json")
+    assert 1 in by_batch and by_batch[1] == round_costs_from_benchmark(
+        ROOT / "benchmarks" / "spec_rounds_h200.json", batch=1)

@@ -86,17 +86,31 @@ def test_dispatcher_auto_and_xla_are_the_reference_on_cpu():
 
 def test_auto_rule():
     bf = jnp.bfloat16
+    # Swept shapes follow the recorded sweep per M bucket ...
     assert sm._auto_uses_pallas(1, 4096, 14336, bf, bf)
-    assert sm._auto_uses_pallas(1, 2048, 3072, bf, bf)
-    assert not sm._auto_uses_pallas(2, 4096, 14336, bf, bf)  # XLA is as fast from M = 2
-    assert not sm._auto_uses_pallas(1, 4096, 128256, bf, bf)  # LM head: a tie, keep XLA
+    assert sm._auto_uses_pallas(5, 4096, 28672, bf, bf)  # the 8B gate_up at k = 4 verify
+    assert not sm._auto_uses_pallas(16, 4096, 28672, bf, bf)  # XLA as fast there
+    assert not sm._auto_uses_pallas(1, 4096, 128256, bf, bf)  # 8B LM head: a tie, keep XLA
+    assert not sm._auto_uses_pallas(32, 4096, 14336, bf, bf)
+    # ... other shapes use the kernel for one row only (not the LM head).
+    assert sm._auto_uses_pallas(1, 5120, 8192, bf, bf)
+    assert not sm._auto_uses_pallas(2, 5120, 8192, bf, bf)
+    assert not sm._auto_uses_pallas(1, 5120, 152064, bf, bf)
     assert not sm._auto_uses_pallas(1, 4096, 4096, jnp.float32, jnp.float32)
     assert not sm._auto_uses_pallas(1, 256, 256, bf, bf)
     assert not sm._auto_uses_pallas(128, 4096, 4096, bf, bf)
 
 
+def test_tuned_tilings_are_valid():
+    for (k, n), buckets in sm._TUNED.items():
+        for bucket, (tiling, _) in buckets.items():
+            c = sm.default_config(bucket, k, n)
+            assert c == sm.SkinnyConfig(*tiling)
+            assert -(-k // c.split_k) >= c.block_k
+
+
 @pytest.mark.parametrize("m", [1, 5, 64])
-@pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 14336), (2048, 3072), (8192, 2048), (4096, 128256)])
+@pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 14336), (2048, 3072), (8192, 2048), (4096, 128256), (5120, 8192)])
 def test_default_config_is_valid(m, k, n):
     c = sm.default_config(m, k, n)
     for b in (c.block_n, c.block_k):
