@@ -7,6 +7,12 @@ batch size in question by ``scripts/bench.py spec``). The best k maximises
 ``E[len] / round_cost[k]``; plain decoding scores 1. Large batches make rounds relatively
 dearer (the target stops being bandwidth-bound), so the choice falls to small k, then 0.
 
+A static batch runs until its slowest sequence has its tokens: with ``new_tokens`` given, the
+speed-up is divided by :func:`straggler_factor`, the expected rounds of the slowest of ``batch``
+sequences over the mean (measured: at batch 64, alpha 0.8, k = 4 a 1.37x round-cost prediction
+became 0.92x end to end, ``benchmarks/spec_batch_h200_b16-64.json``). Continuous batching,
+which refills finished slots, pays no such penalty: leave ``new_tokens`` out there.
+
 Costs are measured at a few batch sizes; :func:`choose_for_batch` serves any batch size by
 interpolating each k's cost linearly in ``log2(batch)`` between the measured neighbours (and
 holding the nearest measurement outside their range).
@@ -28,13 +34,34 @@ def expected_acceptance_length(alpha: float, k: int) -> float:
     return float(k + 1) if alpha == 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def choose_num_draft_tokens(round_cost: Mapping[int, float], alpha: float) -> int:
-    """The k (0 = no speculation) with the highest expected speed-up over plain decoding."""
+def straggler_factor(alpha: float, k: int, batch: int, new_tokens: int) -> float:
+    """E[rounds of the slowest of ``batch`` sequences] / E[rounds of one], each emitting
+    ``new_tokens``: a normal approximation of the renewal count (rounds ~ N(n/mu, n*var/mu**3) for
+    per-round emitted tokens of mean mu and variance var) and the Gaussian maximum bound
+    ``mean + std * sqrt(2 ln batch)``. 1 for one sequence or deterministic rounds."""
+    if batch < 1 or new_tokens < 1:
+        raise ValueError(f"batch and new_tokens must be >= 1, got {batch}, {new_tokens}")
+    mean = expected_acceptance_length(alpha, k)
+    # Emitted tokens per round: j (1 <= j <= k) with prob alpha**(j-1) * (1 - alpha), k+1 with alpha**k.
+    second = sum(j * j * alpha ** (j - 1) * (1 - alpha) for j in range(1, k + 1)) + (k + 1) ** 2 * alpha**k
+    variance = max(second - mean * mean, 0.0)
+    rounds = new_tokens / mean
+    rounds_std = math.sqrt(new_tokens * variance / mean**3)
+    return (rounds + rounds_std * math.sqrt(2 * math.log(batch))) / rounds
+
+
+def choose_num_draft_tokens(
+    round_cost: Mapping[int, float], alpha: float, *, batch: int = 1, new_tokens: int | None = None
+) -> int:
+    """The k (0 = no speculation) with the highest expected speed-up over plain decoding
+    (straggler-corrected for a static batch of ``batch`` sequences when ``new_tokens`` is given)."""
     if any(cost <= 0 for cost in round_cost.values()):
         raise ValueError("round costs must be positive multiples of a plain decode step")
     best_k, best_speedup = 0, 1.0
     for k, cost in sorted(round_cost.items()):
         speedup = expected_acceptance_length(alpha, k) / cost
+        if new_tokens is not None:
+            speedup /= straggler_factor(alpha, k, batch, new_tokens)
         if k >= 1 and speedup > best_speedup:
             best_k, best_speedup = k, speedup
     return best_k
@@ -60,9 +87,13 @@ def round_costs_at_batch(costs_by_batch: Mapping[int, Mapping[int, float]], batc
     return {k: (1 - t) * costs_by_batch[lo][k] + t * costs_by_batch[hi][k] for k in sorted(shared)}
 
 
-def choose_for_batch(costs_by_batch: Mapping[int, Mapping[int, float]], batch: int, alpha: float) -> int:
-    """The k (0 = plain decoding) for ``batch`` sequences at acceptance rate ``alpha``."""
-    return choose_num_draft_tokens(round_costs_at_batch(costs_by_batch, batch), alpha)
+def choose_for_batch(
+    costs_by_batch: Mapping[int, Mapping[int, float]], batch: int, alpha: float, *, new_tokens: int | None = None
+) -> int:
+    """The k (0 = plain decoding) for ``batch`` sequences at acceptance rate ``alpha`` (static
+    batches of ``new_tokens`` each: straggler-corrected, see the module docstring)."""
+    costs = round_costs_at_batch(costs_by_batch, batch)
+    return choose_num_draft_tokens(costs, alpha, batch=batch, new_tokens=new_tokens)
 
 
 def round_costs_from_benchmark(path, batch: int | None = None):

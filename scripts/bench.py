@@ -214,8 +214,12 @@ def cmd_spec(args):
         for r in results["rounds"]:
             by_batch.setdefault(r["batch"], {})[r["k"]] = r["overhead_ratio"]
         batches = sorted({2**i for i in range(max(by_batch).bit_length())} | set(by_batch))
-        results["policy"] = {
-            batch: {alpha: choose_for_batch(by_batch, batch, alpha) for alpha in (0.3, 0.5, 0.6, 0.7, 0.8, 0.9)}
+        alphas = (0.3, 0.5, 0.6, 0.7, 0.8, 0.9)
+        results["policy"] = {  # per-round view (continuous batching)
+            batch: {alpha: choose_for_batch(by_batch, batch, alpha) for alpha in alphas} for batch in batches
+        }
+        results["policy_static_batch"] = {  # whole batches of --new-tokens each (straggler-corrected)
+            batch: {alpha: choose_for_batch(by_batch, batch, alpha, new_tokens=args.new_tokens) for alpha in alphas}
             for batch in batches
         }
     if args.hf:

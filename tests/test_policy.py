@@ -12,6 +12,7 @@ from jspec.policy import (
     expected_acceptance_length,
     round_costs_at_batch,
     round_costs_from_benchmark,
+    straggler_factor,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,3 +67,22 @@ def test_all_batches_from_the_recorded_benchmark():
     by_batch = round_costs_from_benchmark(ROOT / "benchmarks" / "spec_rounds_h200.json")
     assert 1 in by_batch and by_batch[1] == round_costs_from_benchmark(
         ROOT / "benchmarks" / "spec_rounds_h200.json", batch=1)
+
+
+def test_straggler_factor():
+    assert straggler_factor(0.8, 4, 1, 64) == 1.0  # one sequence: no straggler
+    assert straggler_factor(1.0, 4, 64, 64) == pytest.approx(1.0)  # every round emits k + 1
+    factors = [straggler_factor(0.8, 4, b, 64) for b in (2, 8, 64)]
+    assert 1.0 < factors[0] < factors[1] < factors[2] < 1.5
+    assert straggler_factor(0.8, 4, 64, 1024) < factors[2]  # long generations average out
+    with pytest.raises(ValueError):
+        straggler_factor(0.8, 4, 0, 64)
+
+
+def test_static_batches_lose_where_round_costs_alone_would_speculate():
+    # The recorded batch-64 case: k = 4 at alpha 0.8 looks like 1.37x per round, measured 0.92x.
+    costs = round_costs_from_benchmark(ROOT / "benchmarks" / "spec_batch_h200_b16-64.json", batch=64)
+    speedup = expected_acceptance_length(0.8, 4) / costs[4]
+    assert speedup > 1.3
+    assert speedup / straggler_factor(0.8, 4, 64, 64) < speedup / 1.25
+    assert choose_num_draft_tokens(costs, 0.8, batch=64, new_tokens=64) < 4

@@ -88,8 +88,9 @@ def test_auto_rule():
     bf = jnp.bfloat16
     # Swept shapes follow the recorded sweep per M bucket ...
     assert sm._auto_uses_pallas(1, 4096, 14336, bf, bf)
-    assert sm._auto_uses_pallas(5, 4096, 28672, bf, bf)  # the 8B gate_up at k = 4 verify
-    assert not sm._auto_uses_pallas(16, 4096, 28672, bf, bf)  # XLA as fast there
+    assert sm._auto_uses_pallas(2, 4096, 28672, bf, bf)
+    assert not sm._auto_uses_pallas(5, 4096, 28672, bf, bf)  # the 8B gate_up at k = 4 verify: XLA
+    assert sm._auto_uses_pallas(16, 2048, 3072, bf, bf)
     assert not sm._auto_uses_pallas(1, 4096, 128256, bf, bf)  # 8B LM head: a tie, keep XLA
     assert not sm._auto_uses_pallas(32, 4096, 14336, bf, bf)
     # ... other shapes use the kernel for one row only (not the LM head).
