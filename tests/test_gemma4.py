@@ -1,0 +1,128 @@
+"""Gemma 4 through the family-agnostic paths: forward contract, speculative losslessness,
+save / restore, presets and roofline byte counts."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jspec
+from jspec import benchmarking
+from jspec.drafters import MTP, DraftModel, Eagle3, NGram, init_mtp_head
+from jspec.models import FINAL_NORMED, forward, gemma4
+from tests.tiny import TINY, TINY_GEMMA4, eagle3_head, tiny_gemma4, tiny_model
+
+MAX_NEW = 16
+
+
+def test_cache_holds_only_layers_that_own_kv():
+    model = tiny_gemma4()
+    kv = model.init_cache(2, 32)
+    # layers 0, 1 own K/V (sliding: 2 heads x 16, full: 1 head x 32); 2 and 3 reuse them.
+    assert [k.shape for k in kv.k] == [(2, 2, 32, 16), (2, 1, 32, 32)]
+    assert [model.config.kv_source(i) for i in range(4)] == [0, 1, 0, 1]
+
+
+def test_forward_contract_matches_llama():
+    """Incremental decoding equals one full pass; logits_rows / capture / () behave as for Llama."""
+    model = tiny_gemma4(1)
+    tokens = jax.random.randint(jax.random.key(2), (2, 12), 0, model.config.vocab_size)
+    run = jax.jit(forward, static_argnames="capture")
+    full, feats, kv = run(model, tokens, model.init_cache(2, 16), capture=(0, 3, 4, FINAL_NORMED))
+    assert full.dtype == jnp.float32 and full.shape == (2, 12, 97)
+    assert [f.shape for f in feats] == [(2, 12, 64)] * 4
+    assert (np.asarray(kv.lengths) == 12).all()
+    assert np.abs(full).max() <= 30.0  # soft-capped
+
+    logits, _, kv = jax.jit(lambda m, t, kv: forward(m, t, kv, logits_rows=()))(model, tokens[:, :7], model.init_cache(2, 16))
+    assert logits is None
+    step, _, kv = run(model, tokens[:, 7:9], kv, logits_rows=jnp.array([[0, 1], [1, 0]]))
+    expected = np.stack([full[0, jnp.array([7, 8])], full[1, jnp.array([8, 7])]])
+    np.testing.assert_allclose(step, expected, rtol=1e-5, atol=1e-5)
+    last, _, _ = run(model, tokens[:, 9:], kv, logits_rows=jnp.array([2, 0]))
+    np.testing.assert_allclose(last, full[jnp.arange(2), jnp.array([11, 9])], rtol=1e-5, atol=1e-5)
+
+
+# (seed, batch, k, drafter, target overrides)
+GREEDY_CASES = [
+    (0, 3, 3, "draft", {}),
+    (1, 3, 2, "ngram", dict(use_double_wide_mlp=True, tie_word_embeddings=False, attention_k_eq_v=False)),
+    (2, 2, 3, "self", dict(hidden_size_per_layer_input=0, num_kv_shared_layers=0)),
+]
+
+
+def _drafter(kind, target, seed):
+    if kind == "draft":  # a one-sliding-one-full-layer Gemma, no PLE
+        return DraftModel(tiny_gemma4(seed + 100, num_layers=2, layer_types=("sliding_attention", "full_attention"),
+                                      hidden_size_per_layer_input=0, num_kv_shared_layers=0))
+    if kind == "self":
+        return DraftModel(target)
+    return NGram(max_ngram=3)
+
+
+@pytest.mark.parametrize("seed, batch, k, kind, overrides", GREEDY_CASES)
+def test_greedy_speculative_equals_greedy(seed, batch, k, kind, overrides):
+    target = tiny_gemma4(seed, **overrides)
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 21, size=batch)
+    if kind == "ngram":
+        prompts = [list(np.tile(rng.integers(0, 97, size=3), 7)[:n]) for n in lengths]
+    else:
+        prompts = [list(rng.integers(0, 97, size=n)) for n in lengths]
+    expected = jspec.generate(target, prompts, MAX_NEW)
+    result = jspec.speculative_generate(target, _drafter(kind, target, seed), prompts, MAX_NEW, num_draft_tokens=k)
+    assert result.tokens == expected
+    if kind == "self":
+        np.testing.assert_allclose(result.stats["mean_acceptance_length"], k + 1)
+
+
+def test_hidden_state_drafters_refuse_a_gemma_target():
+    target = tiny_gemma4()
+    llama = tiny_model(0)
+    for drafter in (Eagle3(eagle3_head(0, llama)), MTP(init_mtp_head(TINY, jax.random.key(0)))):
+        with pytest.raises(ValueError, match="Llama / Qwen targets only, not Gemma4ForCausalLM"):
+            jspec.speculative_generate(target, drafter, [[1, 2, 3]], 4)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_save_restore_is_bit_exact(tmp_path, dtype):
+    model = jax.tree.map(lambda x: x.astype(dtype), tiny_gemma4(tie_word_embeddings=False))
+    jspec.save(model, tmp_path / "m")
+    restored = jspec.restore(tmp_path / "m")
+    assert isinstance(restored, gemma4.Model) and restored.config == model.config
+    assert jax.tree.structure(restored) == jax.tree.structure(model)
+    for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(restored), strict=True):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+
+
+@pytest.mark.parametrize("name", ["gemma-4-31b", "gemma-4-e4b"])
+def test_presets_have_the_published_size(name):
+    """Parameter counts from abstract shapes (no weights made): 31B dense; E4B ~8B with PLE."""
+    config = benchmarking.PRESETS[name]
+    model = jax.eval_shape(lambda: jspec.init_params(config, jax.random.key(0), jnp.bfloat16))
+    params = sum(x.size for x in jax.tree.leaves(model))
+    expected = {"gemma-4-31b": (30e9, 32e9), "gemma-4-e4b": (7e9, 8.5e9)}[name]
+    assert expected[0] < params < expected[1], params
+    # The tied embedding is read whole by the LM head; the PLE table only at the looked-up rows.
+    lookup_only = 0 if model.ple is None else model.ple.embed.size
+    assert benchmarking.weight_bytes_per_step(model) == 2 * (params - lookup_only)
+
+
+def test_kv_bytes_count_each_layer_shape_and_window():
+    c = TINY_GEMMA4
+    model = jax.eval_shape(lambda: jspec.init_params(c, jax.random.key(0), jnp.bfloat16))
+    # per row and sequence: sliding 2x16, full 1x32 values, K and V, 2 bytes; 4 layers (2 of each
+    # type, the KV-shared ones included), sliding layers read at most 5 rows.
+    per_row = {"sliding": 2 * 2 * 16 * 2, "full": 2 * 1 * 32 * 2}
+    assert benchmarking.kv_bytes_per_step(model, 3, 100) == 2 * 3 * (per_row["sliding"] * 5 + per_row["full"] * 100)
+    assert benchmarking.kv_bytes_per_step(model, 1, 4) == 2 * 4 * (per_row["sliding"] + per_row["full"])
+
+
+def test_confident_keeps_the_residual_stream_on_the_input_token():
+    """With the branch outputs scaled down, a tied-head Gemma predicts its input token, in bf16."""
+    model = jax.tree.map(lambda x: x.astype(jnp.bfloat16), tiny_gemma4())
+    ids = np.arange(40).reshape(2, 20)
+    assert (np.argmax(jspec.score(benchmarking.confident(model), ids), -1) == ids).all()
