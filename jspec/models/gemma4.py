@@ -87,7 +87,8 @@ class Model:
     def init_cache(self, batch: int, max_len: int) -> KVCache:
         """Buffers for the layers that own K/V, each in its layer type's shape."""
         c = self.config
-        shapes = [(batch, kv_heads, max_len, head_dim) for kv_heads, head_dim in map(c.attention_shape, range(c.first_kv_shared_layer))]
+        geometry = [c.attention_shape(i) for i in range(c.first_kv_shared_layer)]
+        shapes = [(batch, kv_heads, max_len, head_dim) for kv_heads, head_dim in geometry]
         return KVCache(
             k=tuple(jnp.zeros(s, self.dtype) for s in shapes),
             v=tuple(jnp.zeros(s, self.dtype) for s in shapes),
@@ -175,8 +176,8 @@ def forward(
     c = model.config
     batch, num_rows = tokens.shape
     positions = kv.lengths[:, None] + jnp.arange(num_rows, dtype=jnp.int32)[None, :]  # [batch, T]
-    rope = {}
-    for kind in set(c.layer_types):
+    rope = {}  # layer type -> (cos, sin) [batch, T, its head_dim]
+    for kind in dict.fromkeys(c.layer_types):
         head_dim = c.head_dim if kind == SLIDING else c.global_head_dim
         rope[kind] = rope_cos_sin(positions, jnp.asarray(c.rope(kind).inv_freq(head_dim)), model.dtype)
     x = model.embed[tokens] * _scale_in_dtype(c.hidden_size**0.5, model.dtype)  # [batch, T, hidden]
