@@ -48,6 +48,10 @@ def test_forward_contract_matches_llama():
     np.testing.assert_allclose(step, expected, rtol=1e-5, atol=1e-5)
     last, _, _ = run(model, tokens[:, 9:], kv, logits_rows=jnp.array([2, 0]))
     np.testing.assert_allclose(last, full[jnp.arange(2), jnp.array([11, 9])], rtol=1e-5, atol=1e-5)
+    # Capturing a KV-shared layer's input keeps all rows through it: same logits, full feature.
+    rows, (late,), _ = run(model, tokens, model.init_cache(2, 16), capture=(3,), logits_rows=jnp.array([5, -1]))
+    np.testing.assert_allclose(rows, full[jnp.arange(2), jnp.array([5, 11])], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(late, feats[1], rtol=1e-5, atol=1e-5)
 
 
 # (seed, batch, k, drafter, target overrides)

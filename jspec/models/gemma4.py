@@ -113,12 +113,13 @@ def per_layer_inputs(model: Model, tokens: jax.Array, x: jax.Array, *, impl: str
     return (from_context + from_token) * 2.0**-0.5
 
 
-def attention(layer: Layer, c: Gemma4Config, index: int, h, positions, cos, sin, k_buf, v_buf, lengths, *, impl="auto"):
-    """Self-attention of layer ``index`` over normed rows ``h [batch, T, hidden]``.
+def attention(layer: Layer, c: Gemma4Config, index: int, h, positions, cos, sin, k_buf, v_buf, kv_lengths, *, impl="auto"):
+    """Self-attention of layer ``index`` over normed rows ``h [batch, T, hidden]`` at ``positions``.
 
-    A layer that owns its cache writes the K/V of all ``T`` rows at ``lengths[b] ..``; a
-    KV-shared layer reads the buffers of its source layer (already written this step) as they
-    are. Returns ``([batch, T, hidden], k_buf, v_buf)``.
+    ``kv_lengths [batch]``: valid cache rows once this step's rows are in. A layer that owns
+    its cache writes the K/V of its ``T`` rows as the last ``T`` of those; a KV-shared layer
+    reads its source layer's buffers (written earlier in this step) as they are, so its rows
+    may be any subset of the step's. Returns ``([batch, T, hidden], k_buf, v_buf)``.
     """
     batch, num_rows, _ = h.shape
     kv_heads, head_dim = c.attention_shape(index)
@@ -131,23 +132,23 @@ def attention(layer: Layer, c: Gemma4Config, index: int, h, positions, cos, sin,
         v = proj[..., q_size + kv_size :].reshape(k.shape) if c.has_v_proj(index) else k  # k_eq_v: the raw k
         k = apply_rope(rms_norm(k, layer.k_norm, c.rms_norm_eps), cos, sin)
         v = rms_norm(v, None, c.rms_norm_eps)
-        k_buf = write_rows(k_buf, k.transpose(0, 2, 1, 3), lengths)
-        v_buf = write_rows(v_buf, v.transpose(0, 2, 1, 3), lengths)
+        k_buf = write_rows(k_buf, k.transpose(0, 2, 1, 3), kv_lengths - num_rows)
+        v_buf = write_rows(v_buf, v.transpose(0, 2, 1, 3), kv_lengths - num_rows)
     attn = decode_attention(
-        q, k_buf, v_buf, lengths + num_rows, q_positions=positions, window=c.window(index), scale=1.0, impl=impl
+        q, k_buf, v_buf, kv_lengths, q_positions=positions, window=c.window(index), scale=1.0, impl=impl
     )
     return linear(attn.reshape(batch, num_rows, q_size), layer.o, impl=impl), k_buf, v_buf
 
 
 def decoder_layer(
-    layer: Layer, c: Gemma4Config, index: int, x, k_buf, v_buf, lengths, positions, cos, sin, per_layer_input,
+    layer: Layer, c: Gemma4Config, index: int, x, k_buf, v_buf, kv_lengths, positions, cos, sin, per_layer_input,
     *, impl="auto",
 ):
     """Layer ``index`` on the residual stream ``x [batch, T, hidden]``; ``per_layer_input
-    [batch, T, P]`` or None without PLE. Returns ``(x, k_buf, v_buf)``."""
+    [batch, T, P]`` or None without PLE; ``kv_lengths`` as for ``attention``. Returns ``(x, k_buf, v_buf)``."""
     eps = c.rms_norm_eps
     attn_out, k_buf, v_buf = attention(
-        layer, c, index, rms_norm(x, layer.attn_norm, eps), positions, cos, sin, k_buf, v_buf, lengths, impl=impl
+        layer, c, index, rms_norm(x, layer.attn_norm, eps), positions, cos, sin, k_buf, v_buf, kv_lengths, impl=impl
     )
     x = x + rms_norm(attn_out, layer.post_attn_norm, eps)
     mlp_out = gated_mlp(rms_norm(x, layer.mlp_norm, eps), layer.gate_up, layer.down, gelu_tanh, impl=impl)
@@ -172,6 +173,10 @@ def forward(
     Exactly the contract of ``jspec.models.llama.forward`` (logits fp32, here soft-capped;
     ``logits_rows`` None / ``[batch]`` / ``[batch, n]`` / ``()``; ``capture`` of layer indices
     and ``FINAL_NORMED``; K/V written for all rows, lengths advanced by ``T``).
+
+    KV-shared layers write no cache, so with ``logits_rows`` only those rows enter them (HF
+    ``_maybe_slice_kv_shared_inputs``) unless a later feature is captured: a prefill runs the
+    last ``num_kv_shared_layers`` layers on one row per sequence.
     """
     c = model.config
     batch, num_rows = tokens.shape
@@ -183,19 +188,31 @@ def forward(
     x = model.embed[tokens] * _scale_in_dtype(c.hidden_size**0.5, model.dtype)  # [batch, T, hidden]
     ple = None if model.ple is None else per_layer_inputs(model, tokens, x, impl=impl)  # [batch, T, L, P]
 
+    skip_head = isinstance(logits_rows, tuple) and not logits_rows
+    head_rows = None  # [batch, n] rows that get logits, negative ones counted from the end (as gather_rows)
+    if logits_rows is not None and not skip_head:
+        head_rows = logits_rows.reshape(batch, -1).astype(jnp.int32)
+        head_rows = jnp.clip(jnp.where(head_rows < 0, head_rows + num_rows, head_rows), 0, num_rows - 1)
+    late_capture = FINAL_NORMED in capture or any(
+        isinstance(key, int) and key > c.first_kv_shared_layer for key in capture
+    )
+    keep_head_rows_at = c.first_kv_shared_layer if head_rows is not None and not late_capture else None
+
     captured = {}
+    kv_lengths = kv.lengths + num_rows
     k_bufs, v_bufs = list(kv.k), list(kv.v)
     for i, layer in enumerate(model.layers):
         if i in capture:
             captured[i] = x
+        if i == keep_head_rows_at:
+            x, positions, rope, ple = _keep_rows(head_rows, x, positions, rope, ple, impl=impl)
         src = c.kv_source(i)
         x, k_bufs[src], v_bufs[src] = decoder_layer(
-            layer, c, i, x, k_bufs[src], v_bufs[src], kv.lengths, positions, *rope[c.layer_types[i]],
+            layer, c, i, x, k_bufs[src], v_bufs[src], kv_lengths, positions, *rope[c.layer_types[i]],
             None if ple is None else ple[:, :, i], impl=impl,
         )
     captured[c.num_layers] = x
 
-    skip_head = isinstance(logits_rows, tuple) and not logits_rows
     if FINAL_NORMED in capture or logits_rows is None:
         captured[FINAL_NORMED] = rms_norm(x, model.final_norm, c.rms_norm_eps)
     if skip_head:
@@ -203,12 +220,25 @@ def forward(
     elif logits_rows is None:
         logits = softcap(lm_head(model, captured[FINAL_NORMED], impl=impl), c.final_logit_softcapping)
     else:
-        last = rms_norm(gather_rows(x, logits_rows, impl=impl), model.final_norm, c.rms_norm_eps)
-        logits = softcap(lm_head(model, last, impl=impl), c.final_logit_softcapping)
+        if keep_head_rows_at is None or keep_head_rows_at == c.num_layers:  # x still holds all T rows
+            x = gather_rows(x, head_rows, impl=impl)
+        logits = softcap(lm_head(model, rms_norm(x, model.final_norm, c.rms_norm_eps), impl=impl), c.final_logit_softcapping)
+        logits = logits.reshape(*logits_rows.shape, -1)
 
     features = tuple(captured[key] for key in capture)
     new_kv = KVCache(k=tuple(k_bufs), v=tuple(v_bufs), lengths=kv.lengths + num_rows)
     return logits, features, new_kv
+
+
+def _keep_rows(rows, x, positions, rope, ple, *, impl):
+    """Rows ``rows [batch, n]`` (indices into T) of the residual stream, positions, RoPE tables
+    and PLE inputs."""
+
+    def take(a):  # [batch, T, ...] -> [batch, n, ...]
+        return jnp.take_along_axis(a, rows.reshape(*rows.shape, *([1] * (a.ndim - 2))), axis=1)
+
+    rope = {kind: (take(cos), take(sin)) for kind, (cos, sin) in rope.items()}
+    return gather_rows(x, rows, impl=impl), take(positions), rope, None if ple is None else take(ple)
 
 
 def softcap(logits: jax.Array, cap: float | None) -> jax.Array:
