@@ -21,8 +21,7 @@ import numpy as np
 
 from jspec.config import LlamaConfig, RopeScaling
 from jspec.gemma4_config import FULL, SLIDING, Gemma4Config
-from jspec.models import AnyModel as Model
-from jspec.models import gemma4
+from jspec.models import AnyModel as Model, gemma4
 
 PRESETS: dict[str, LlamaConfig | Gemma4Config] = {
     "tiny": LlamaConfig(
