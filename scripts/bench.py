@@ -206,7 +206,7 @@ def cmd_spec(args):
 def _stage_times(target, drafter, state, k, args):
     """Propose and verify timed alone (state not donated: both are read-only here)."""
     from jspec.drafters.base import RoundContext
-    from jspec.models import forward
+    from jspec.models.llama import forward
 
     ctx = RoundContext(state.history, state.target_kv.lengths, state.root, state.features, state.target_kv)
     propose = jax.jit(lambda d, ds, c: d.propose(ds, c, num_draft_tokens=k, params=GREEDY, key=jax.random.key(0))[0])
