@@ -2,12 +2,15 @@
 
 from jspec.checkpoint import load_hf, restore, save
 from jspec.config import LlamaConfig
+from jspec.gemma4_config import Gemma4Config
 from jspec.engine import generate, score
 from jspec.kv import KVCache
-from jspec.models.llama import Model, forward, init_params
+from jspec.models import forward, init_params  # dispatch on the model family
+from jspec.models.llama import Model
 from jspec.sampling import SamplingParams
 
 __all__ = [
+    "Gemma4Config",
     "KVCache",
     "LlamaConfig",
     "Model",

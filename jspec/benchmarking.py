@@ -20,9 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.config import LlamaConfig, RopeScaling
-from jspec.models.llama import Model
+from jspec.gemma4_config import FULL, SLIDING, Gemma4Config
+from jspec.models import AnyModel as Model, gemma4
 
-PRESETS: dict[str, LlamaConfig] = {
+PRESETS: dict[str, LlamaConfig | Gemma4Config] = {
     "tiny": LlamaConfig(
         vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
         head_dim=16, max_position_embeddings=4096,
@@ -46,20 +47,37 @@ PRESETS: dict[str, LlamaConfig] = {
         head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0, qk_norm=True,
         architecture="Qwen3ForCausalLM",
     ),
+    # Dense text decoder of Gemma-4-31B, shapes as specified for this project (REFERENCE §1.5);
+    # RoPE 1e4 default (sliding) / 1e6 proportional 0.25 (full) are the Gemma4Config defaults.
+    # max_position_embeddings = 262144 (the advertised 256K context) is not from a config file.
+    "gemma-4-31b": Gemma4Config(
+        vocab_size=262144, hidden_size=5376, intermediate_size=21504, num_layers=60, num_heads=32,
+        num_kv_heads=16, head_dim=256, num_global_kv_heads=4, global_head_dim=512,
+        layer_types=((SLIDING,) * 5 + (FULL,)) * 10, sliding_window=1024, max_position_embeddings=262144,
+        attention_k_eq_v=True, final_logit_softcapping=30.0,
+    ),
+    # Gemma-4-E4B text decoder: text_config values as given by public code that reads the released
+    # config (rasbt/LLMs-from-scratch ch05/17_gemma4 get_gemma4_dense_config("E4B"), and an MLX Go
+    # test TestParseTextConfigE4B; both agree): 42 layers, 8 heads, 2 KV heads, head_dim 256 /
+    # global 512 (no k_eq_v), intermediate 10240, PLE 256 over a 262144 vocab, last 18 layers KV-shared.
+    "gemma-4-e4b": Gemma4Config(
+        vocab_size=262144, hidden_size=2560, intermediate_size=10240, num_layers=42, num_heads=8,
+        num_kv_heads=2, head_dim=256, num_global_kv_heads=2, global_head_dim=512,
+        layer_types=((SLIDING,) * 5 + (FULL,)) * 7, sliding_window=512, max_position_embeddings=131072,
+        final_logit_softcapping=30.0, hidden_size_per_layer_input=256, vocab_size_per_layer_input=262144,
+        num_kv_shared_layers=18,
+    ),
 }
-UNSUPPORTED_PRESETS = {"gemma-4-e4b", "gemma-4-31b"}  # the Gemma 4 family is not implemented yet
 
 
 def preset_names() -> list[str]:
-    return sorted(PRESETS) + sorted(UNSUPPORTED_PRESETS)
+    return sorted(PRESETS)
 
 
 def load_target(name_or_path: str, dtype, seed: int = 0) -> Model:
     """A preset (random weights made on the device) or a checkpoint directory (HF or jspec)."""
     import jspec
 
-    if name_or_path in UNSUPPORTED_PRESETS:
-        raise SystemExit(f"preset {name_or_path!r}: the Gemma 4 family is not supported yet")
     if name_or_path in PRESETS:
         init = jax.jit(jspec.init_params, static_argnums=(0, 2))
         return init(PRESETS[name_or_path], jax.random.key(seed), dtype)
@@ -82,9 +100,21 @@ def confident(model: Model, seed: int = 0, residual_scale: float = 1e-2) -> Mode
     import dataclasses as dc
 
     perm = jax.random.permutation(jax.random.key(seed), model.config.vocab_size)
-    layers = tuple(
-        dc.replace(layer, o=layer.o * residual_scale, down=layer.down * residual_scale) for layer in model.layers
-    )
+    if isinstance(model, gemma4.Model):
+        # Gemma 4 norms each branch output before the residual add, undoing a scaled o / down:
+        # scale those post-norm weights instead.
+        def scaled(w):
+            return None if w is None else w * residual_scale
+
+        layers = tuple(
+            dc.replace(layer, post_attn_norm=scaled(layer.post_attn_norm), post_mlp_norm=scaled(layer.post_mlp_norm),
+                       ple_norm=scaled(layer.ple_norm))
+            for layer in model.layers
+        )
+    else:
+        layers = tuple(
+            dc.replace(layer, o=layer.o * residual_scale, down=layer.down * residual_scale) for layer in model.layers
+        )
     head = None if model.lm_head is None else jnp.asarray(model.embed[perm].T)
     return dc.replace(model, layers=layers, lm_head=head)
 
@@ -180,19 +210,35 @@ def copy_bandwidth(num_bytes: int = 2 << 30) -> dict:
 
 
 def weight_bytes_per_step(model: Model) -> int:
-    """Parameter bytes one decode step must read: everything but the embedding table,
-    of which only the looked-up rows are touched (unless it doubles as the LM head)."""
+    """Parameter bytes one decode step must read: everything but the embedding tables,
+    of which only the looked-up rows are touched (unless one doubles as the LM head).
+    Gemma 4's per-layer-embedding table is such a lookup table too."""
     leaves = jax.tree.leaves(model)
     total = sum(x.size * x.dtype.itemsize for x in leaves)
     if model.lm_head is not None:
         total -= model.embed.size * model.embed.dtype.itemsize
+    if isinstance(model, gemma4.Model) and model.ple is not None:
+        total -= model.ple.embed.size * model.ple.embed.dtype.itemsize
     return int(total)
 
 
 def kv_bytes_per_step(model: Model, batch: int, context: int) -> int:
-    """K and V bytes of ``context`` valid rows per sequence, all layers."""
+    """K and V bytes one decode step reads at ``context`` valid rows per sequence, all layers.
+
+    Gemma 4: each layer reads its own shape (sliding and full layers differ), a sliding layer
+    only its last ``sliding_window`` rows, and a KV-shared layer reads its source layer's
+    cache again (it owns none, but the read is real traffic).
+    """
     c = model.config
-    return int(2 * c.num_layers * batch * c.num_kv_heads * context * c.head_dim * jnp.dtype(model.dtype).itemsize)
+    itemsize = jnp.dtype(model.dtype).itemsize
+    if isinstance(c, LlamaConfig):
+        return int(2 * c.num_layers * batch * c.num_kv_heads * context * c.head_dim * itemsize)
+    total = 0
+    for i in range(c.num_layers):
+        kv_heads, head_dim = c.attention_shape(i)
+        rows = min(context, c.window(i) or context)
+        total += 2 * batch * kv_heads * rows * head_dim * itemsize
+    return int(total)
 
 
 def environment(dtype, seed: int) -> dict:

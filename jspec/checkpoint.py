@@ -17,6 +17,8 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 
 from jspec.config import LlamaConfig, config_from_dict, config_to_dict, llama_config_from_hf
+from jspec.gemma4_config import is_gemma4_config
+from jspec.models import AnyModel
 from jspec.models.llama import Layer, Model
 
 # Buffers some exporters write that carry no parameters.
@@ -134,7 +136,8 @@ def _check_tensors(reader: _TensorReader, names: set[str], expected: dict[str, t
 
 
 def load_hf(path, *, dtype=None, progress: bool = False) -> Model:
-    """Load an HF Llama 3 / Qwen2 / Qwen3 checkpoint directory into a ``Model``.
+    """Load an HF Llama 3 / Qwen2 / Qwen3 or Gemma 4 checkpoint directory into a ``Model``
+    (``jspec.models.gemma4.Model`` for ``Gemma4ForCausalLM`` / ``Gemma4ForConditionalGeneration``).
 
     An EAGLE-3 head directory (``architectures: ["LlamaForCausalLMEagle3"]``) gives an
     ``Eagle3Head`` for ``jspec.drafters.Eagle3`` instead. MTP tensors stored in a target
@@ -152,6 +155,10 @@ def load_hf(path, *, dtype=None, progress: bool = False) -> Model:
     cfg = _read_json(path / "config.json")
     if drafter_checkpoint.is_eagle3_config(cfg):
         return drafter_checkpoint.load_eagle3(path, dtype=dtype, cfg=cfg)
+    if is_gemma4_config(cfg):
+        from jspec import gemma4_checkpoint
+
+        return gemma4_checkpoint.load(path, cfg, dtype=dtype, progress=progress)
     config = llama_config_from_hf(cfg)
     files = _tensor_files(path)
     reader = _TensorReader(files)
@@ -206,7 +213,7 @@ _CONFIG_FILE = "jspec_config.json"
 _PARAMS_DIR = "params"
 
 
-def save(model: Model, path, *, overwrite: bool = False) -> None:
+def save(model: AnyModel, path, *, overwrite: bool = False) -> None:
     """Write ``model`` to the directory ``path`` (config JSON + orbax parameter checkpoint)."""
     import orbax.checkpoint as ocp
 
@@ -221,11 +228,11 @@ def save(model: Model, path, *, overwrite: bool = False) -> None:
         ckptr.wait_until_finished()
 
 
-def restore(path) -> Model:
+def restore(path) -> AnyModel:
     """Read a ``Model`` written by ``save``; the arrays come back bit-exactly."""
     import orbax.checkpoint as ocp
 
-    from jspec.models.llama import init_params
+    from jspec.models import init_params
 
     path = Path(path).absolute()
     meta = _read_json(path / _CONFIG_FILE)

@@ -13,6 +13,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jspec.gemma4_config import GEMMA4_ARCHITECTURES, Gemma4Config, Gemma4Rope
+
 # architecture name in config.json -> family flags
 _ARCHITECTURES = {
     "LlamaForCausalLM": dict(qkv_bias=False, qk_norm=False),
@@ -179,12 +181,18 @@ def llama_config_from_hf(cfg: dict[str, Any]) -> LlamaConfig:
     )
 
 
-def config_to_dict(config: LlamaConfig) -> dict[str, Any]:
+def config_to_dict(config: LlamaConfig | Gemma4Config) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
-def config_from_dict(d: dict[str, Any]) -> LlamaConfig:
+def config_from_dict(d: dict[str, Any]) -> LlamaConfig | Gemma4Config:
+    """Inverse of ``config_to_dict``; the ``architecture`` field names the family."""
     d = dict(d)
+    if d.get("architecture") in GEMMA4_ARCHITECTURES:
+        d["layer_types"] = tuple(d["layer_types"])
+        d["sliding_rope"], d["full_rope"] = Gemma4Rope(**d["sliding_rope"]), Gemma4Rope(**d["full_rope"])
+        return Gemma4Config(**d)
     if d.get("rope_scaling") is not None:
         d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
     return LlamaConfig(**d)
+

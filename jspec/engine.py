@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.kv import KVCache
-from jspec.models.llama import Model, forward
+from jspec.models import AnyModel as Model, forward
 from jspec.sampling import SamplingParams, sample
 
 # Prompt and cache lengths are rounded up so that a handful of compiled shapes serve all inputs.

@@ -8,7 +8,17 @@ import jax.numpy as jnp
 from pallas_kernels import skinny_matmul
 from pallas_kernels.gather_rows import rms_norm
 
-__all__ = ["rms_norm", "rope_cos_sin", "apply_rope", "linear", "silu_mlp"]
+__all__ = ["rms_norm", "rms_norm_fp32_scale", "rope_cos_sin", "apply_rope", "linear", "gated_mlp", "silu_mlp"]
+
+
+def rms_norm_fp32_scale(x: jax.Array, weight: jax.Array | None, eps: float) -> jax.Array:
+    """Gemma 4 RMSNorm: normalise and scale by ``weight`` in fp32, cast last (``rms_norm`` casts
+    before scaling). ``weight=None`` is the weightless variant (Gemma 4 ``v_norm``)."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    if weight is not None:
+        normed = normed * weight.astype(jnp.float32)
+    return normed.astype(x.dtype)
 
 
 def rope_cos_sin(positions: jax.Array, inv_freq: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
@@ -31,7 +41,12 @@ def linear(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, *, impl: s
     return y if bias is None else y + bias.astype(y.dtype)
 
 
-def silu_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, *, impl: str = "auto") -> jax.Array:
-    """``down(silu(gate(x)) * up(x))`` with gate and up fused into one ``[hidden, 2 * inter]`` matrix."""
+def gated_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, activation, *, impl: str = "auto") -> jax.Array:
+    """``down(activation(gate(x)) * up(x))`` with gate and up fused into one ``[hidden, 2 * inter]`` matrix."""
     gate, up = jnp.split(linear(x, gate_up, impl=impl), 2, axis=-1)
-    return linear(jax.nn.silu(gate) * up, down, impl=impl)
+    return linear(activation(gate) * up, down, impl=impl)
+
+
+def silu_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, *, impl: str = "auto") -> jax.Array:
+    """The Llama / Qwen MLP: ``gated_mlp`` with SiLU."""
+    return gated_mlp(x, gate_up, down, jax.nn.silu, impl=impl)

@@ -22,7 +22,7 @@ from jspec import verify
 from jspec.drafters.base import CommitContext, PrefillContext, RoundContext
 from jspec.engine import cache_length, eos_tuple, is_eos, output_width, pad_prompts, prefill, validate_prompts
 from jspec.kv import KVCache
-from jspec.models.llama import Model, forward
+from jspec.models import AnyModel as Model, forward
 from jspec.sampling import SamplingParams, probabilities, sample
 
 

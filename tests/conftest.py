@@ -16,6 +16,12 @@ def hf_models(tmp_path_factory):
     return hf_oracle.make_models(tmp_path_factory.mktemp("hf_models"))
 
 
+@pytest.fixture(scope="session")
+def hf_gemma4(tmp_path_factory):
+    """Tiny random Gemma 4 HF checkpoints + reference outputs (tests/hf_reference.py cmd_gemma4)."""
+    return hf_oracle.make_gemma4(tmp_path_factory.mktemp("hf_gemma4"))
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Under JSPEC_NO_SKIP=1 (CI) a skipped test fails the run: every test must run there."""
     import os

@@ -47,3 +47,9 @@ def make_mtp(out_dir: Path) -> Path:
     """Targets carrying one MTP layer (tests/hf_reference.py MTP_CASES)."""
     run("mtp", str(out_dir))
     return out_dir
+
+
+def make_gemma4(out_dir: Path) -> Path:
+    """Tiny Gemma 4 checkpoints (tests/hf_reference.py GEMMA4_CASES and the multimodal layout)."""
+    run("gemma4", str(out_dir))
+    return out_dir

@@ -7,6 +7,7 @@ checkpoints made by transformers itself and the outputs jspec must reproduce.
   python tests/hf_reference.py models OUT_DIR     # one sub-directory per case, see CASES
   python tests/hf_reference.py eagle3 OUT_DIR     # EAGLE-3 heads (EAGLE3_CASES) + their target
   python tests/hf_reference.py mtp OUT_DIR        # targets with an MTP layer (MTP_CASES)
+  python tests/hf_reference.py gemma4 OUT_DIR     # Gemma 4 text models (GEMMA4_CASES)
 """
 
 from __future__ import annotations
@@ -359,12 +360,78 @@ def cmd_mtp(out_dir: str) -> None:
     (out / "prompts.json").write_text(json.dumps({"prompts": DRAFT_PROMPTS, "steps": DRAFT_STEPS}))
 
 
+# --- Gemma 4 ----------------------------------------------------------------------------
+
+_S, _F = "sliding_attention", "full_attention"
+GEMMA4_TEXT = dict(
+    vocab_size=160, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    global_head_dim=32, max_position_embeddings=256, initializer_range=0.1, final_logit_softcapping=30.0,
+)
+GEMMA4_CASES = {
+    # 31B-style: sliding (hd 16, 2 KV heads) and full layers (hd 32, 1 KV head, k_eq_v, proportional
+    # RoPE), a window of 4 that every prompt exceeds, tied head, no PLE.
+    "gemma4": dict(
+        num_hidden_layers=6, layer_types=[_S, _S, _F, _S, _S, _F], sliding_window=4, attention_k_eq_v=True,
+        num_global_key_value_heads=1, hidden_size_per_layer_input=0,
+        rope_parameters={_S: dict(rope_type="default", rope_theta=10000.0),
+                         _F: dict(rope_type="proportional", partial_rotary_factor=0.25, rope_theta=1e6)},
+    ),
+    # E-style: per-layer embeddings, the last 2 layers KV-shared (double-wide MLP there), own
+    # v_proj on full layers, untied LM head, full layers with default RoPE.
+    "gemma4-ple": dict(
+        num_hidden_layers=6, layer_types=[_S, _F, _S, _F, _S, _F], sliding_window=6, hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=160, num_kv_shared_layers=2, use_double_wide_mlp=True, tie_word_embeddings=False,
+        rope_parameters={_S: dict(rope_type="default", rope_theta=5000.0),
+                         _F: dict(rope_type="default", rope_theta=1e5)},
+    ),
+}
+# Gemma4ForConditionalGeneration (text only) wrapping the "gemma4" text config; vision / audio
+# tensors are added by hand, as the loader must skip them.
+GEMMA4_MULTIMODAL = "gemma4-multimodal"
+GEMMA4_FOREIGN_TENSORS = ("model.vision_tower.encoder.layers.0.mlp.down_proj.linear.weight",
+                          "model.embed_audio.embedding_projection.weight")
+
+
+def _randomize_gemma4(model, seed):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for pname, p in [*model.named_parameters(), *model.named_buffers()]:
+            if "norm" in pname or pname.endswith("layer_scalar"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def cmd_gemma4(out_dir: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    out = Path(out_dir)
+    for ci, (name, extra) in enumerate(GEMMA4_CASES.items()):
+        torch.manual_seed(300 + ci)
+        model = _randomize_gemma4(transformers.Gemma4ForCausalLM(transformers.Gemma4TextConfig(**GEMMA4_TEXT, **extra)), ci)
+        model.save_pretrained(out / name, safe_serialization=True)
+        np.savez(out / name / "reference.npz", **reference_outputs(model))
+
+    torch.manual_seed(310)
+    config = transformers.Gemma4Config(text_config=dict(**GEMMA4_TEXT, **GEMMA4_CASES["gemma4"]))
+    model = _randomize_gemma4(transformers.Gemma4ForConditionalGeneration(config), 10)
+    case_dir = out / GEMMA4_MULTIMODAL
+    model.save_pretrained(case_dir, safe_serialization=True)
+    tensors = load_file(str(case_dir / "model.safetensors"))
+    for foreign in GEMMA4_FOREIGN_TENSORS:
+        tensors[foreign] = torch.randn(4, 4)
+    save_file(tensors, str(case_dir / "model.safetensors"), metadata={"format": "pt"})
+    np.savez(case_dir / "reference.npz", **reference_outputs(model))
+    (out / "prompts.json").write_text(json.dumps({"prompts": PROMPTS, "max_new_tokens": MAX_NEW_TOKENS}))
+
+
 def _family(case: str) -> str:
     return {"llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}[case]
 
 
 if __name__ == "__main__":
-    commands = {"models": cmd_models, "eagle3": cmd_eagle3, "mtp": cmd_mtp}
+    commands = {"models": cmd_models, "eagle3": cmd_eagle3, "mtp": cmd_mtp, "gemma4": cmd_gemma4}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         sys.exit(f"usage: {sys.argv[0]} {{{','.join(commands)}}} ARGS...")
     commands[sys.argv[1]](*sys.argv[2:])

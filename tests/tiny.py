@@ -39,3 +39,33 @@ def eagle3_head(seed, target, *, hidden=None, draft_vocab=40, aux=None, **kw):
         target_hidden_size=target.config.hidden_size, aux_layers=aux,
     )
     return init_eagle3_head(config, jax.random.key(seed), scale=0.3, **kw)
+
+
+_S, _F = "sliding_attention", "full_attention"
+# Everything Gemma 4 has: two layer geometries, k_eq_v, a window shorter than most prompts,
+# per-layer embeddings, two KV-shared layers (one per type), soft-capped logits.
+TINY_GEMMA4 = jspec.Gemma4Config(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    num_global_kv_heads=1,
+    global_head_dim=32,
+    layer_types=(_S, _F, _S, _F),
+    sliding_window=5,
+    max_position_embeddings=256,
+    attention_k_eq_v=True,
+    final_logit_softcapping=30.0,
+    hidden_size_per_layer_input=8,
+    vocab_size_per_layer_input=97,
+    num_kv_shared_layers=2,
+)
+
+
+def tiny_gemma4(seed: int = 0, **overrides):
+    config = dataclasses.replace(TINY_GEMMA4, **overrides)
+    # One compiled program: much faster than creating the many small arrays op by op.
+    return jax.jit(lambda key: jspec.init_params(config, key, scale=0.3))(jax.random.key(seed))

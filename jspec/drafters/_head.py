@@ -32,6 +32,7 @@ from jspec.config import LlamaConfig
 from jspec.drafters.base import CommitContext, PrefillContext, RoundContext
 from jspec.kv import KVCache
 from jspec.layers import rope_cos_sin
+from jspec.models import llama
 from jspec.models.llama import decoder_layer
 from jspec.sampling import SamplingParams, probabilities, sample
 from pallas_kernels import gather_rows
@@ -50,6 +51,16 @@ def catch_up_tokens(verify_tokens, num_accepted, next_token):
     shifted = jnp.concatenate([verify_tokens[:, 1:], next_token[:, None]], axis=1)
     slot = jnp.arange(shifted.shape[1], dtype=jnp.int32)[None, :]
     return jnp.where(slot == num_accepted[:, None], next_token[:, None], shifted)
+
+
+def require_llama_target(target, drafter: str) -> None:
+    """The EAGLE-3 and MTP heads here read the target's raw embedding table and LM head and
+    its residual stream with Llama semantics (no Gemma embedding scale, softcap or PLE)."""
+    if not isinstance(target, llama.Model):
+        raise ValueError(
+            f"{drafter} drafting supports Llama / Qwen targets only, not {target.config.architecture} "
+            "(use jspec.drafters.DraftModel or NGram for it)"
+        )
 
 
 class HiddenStateDrafter:

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from jspec.drafters.base import CommitContext, PrefillContext, RoundContext
 from jspec.kv import KVCache
-from jspec.models.llama import Model, forward
+from jspec.models import AnyModel as Model, forward
 from jspec.sampling import SamplingParams, probabilities, sample
 
 

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec.config import LlamaConfig
-from jspec.drafters._head import HiddenStateDrafter
+from jspec.drafters._head import HiddenStateDrafter, require_llama_target
 from jspec.layers import linear, rms_norm
 from jspec.models.llama import Layer, Model, init_layer, random_matrix, random_norm_weight
 
@@ -88,6 +88,7 @@ class Eagle3(HiddenStateDrafter):
         return tuple(layers)
 
     def check_compatible(self, target: Model) -> None:
+        require_llama_target(target, "EAGLE-3")
         hc, tc = self.head.config, target.config
         if hc.layer.vocab_size != tc.vocab_size:
             raise ValueError(f"EAGLE-3 head vocab_size {hc.layer.vocab_size} != target vocab_size {tc.vocab_size}")

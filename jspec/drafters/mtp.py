@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec.config import LlamaConfig
-from jspec.drafters._head import HiddenStateDrafter
+from jspec.drafters._head import HiddenStateDrafter, require_llama_target
 from jspec.layers import linear, rms_norm
 from jspec.models.llama import FINAL_NORMED, Layer, Model, init_layer, random_matrix, random_norm_weight
 
@@ -87,6 +87,7 @@ class MTP(HiddenStateDrafter):
         return (FINAL_NORMED,) if self.input_hidden == "post_norm" else (self.head.config.num_layers,)
 
     def check_compatible(self, target: Model) -> None:
+        require_llama_target(target, "MTP")
         hc, tc = self.head.config, target.config
         diff = [f for f in _BLOCK_FIELDS if getattr(hc, f) != getattr(tc, f)]
         if diff:

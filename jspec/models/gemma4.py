@@ -1,0 +1,295 @@
+"""Gemma 4 dense text decoder as a pure forward function over a parameter pytree (REFERENCE §1.5).
+
+Same contract as ``jspec.models.llama.forward``. What differs from Llama:
+
+* two layer types: sliding-window layers (``head_dim``, ``num_kv_heads``, default RoPE) and
+  full layers (``global_head_dim``, ``num_global_kv_heads``, proportional RoPE; with
+  ``attention_k_eq_v`` no ``v_proj``: V is the raw ``k_proj`` output). Every cache buffer is
+  full length; sliding layers mask by window (the window includes the query).
+* q/k RMSNorm with weight, weightless v RMSNorm, attention scale 1.0; four norms per layer
+  (each branch output is normed before the residual add); the layer output is multiplied by
+  ``layer_scalar``; GELU-tanh MLP; embeddings scaled by ``sqrt(hidden)`` in the weight dtype;
+  final logits soft-capped in fp32.
+* per-layer embeddings (PLE, E2B / E4B): every layer gets its own ``[P]`` input, from a token
+  table plus a projection of the embedded input, through a gated residual branch after the MLP.
+* KV sharing (E2B / E4B): the last ``num_kv_shared_layers`` layers have no K/V projections and
+  attend to the cache of the last non-shared layer of their type. They own no cache buffer:
+  the cache holds ``first_kv_shared_layer`` layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.gemma4_config import SLIDING, Gemma4Config
+from jspec.kv import KVCache, write_rows
+from jspec.layers import apply_rope, gated_mlp, linear, rope_cos_sin
+from jspec.layers import rms_norm_fp32_scale as rms_norm
+from jspec.models.llama import FINAL_NORMED, lm_head, random_matrix, random_norm_weight
+from pallas_kernels import decode_attention, gather_rows
+
+gelu_tanh = functools.partial(jax.nn.gelu, approximate=True)  # HF gelu_pytorch_tanh
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """One decoder layer; ``hd`` and ``kv`` are the layer type's head_dim and KV heads.
+    Linear weights are ``[in, out]`` (transposed once at load)."""
+
+    attn_norm: jax.Array  # [hidden]   input_layernorm
+    qkv: jax.Array  # [hidden, heads*hd (+ kv*hd k) (+ kv*hd v)]: no k, v on KV-shared layers, no v with k_eq_v
+    q_norm: jax.Array  # [hd]
+    o: jax.Array  # [heads * hd, hidden]
+    post_attn_norm: jax.Array  # [hidden]
+    mlp_norm: jax.Array  # [hidden]   pre_feedforward_layernorm
+    gate_up: jax.Array  # [hidden, 2 * intermediate]  (gate | up)
+    down: jax.Array  # [intermediate, hidden]
+    post_mlp_norm: jax.Array  # [hidden]   post_feedforward_layernorm
+    layer_scalar: jax.Array  # [1]
+    k_norm: jax.Array | None = None  # [hd]; None on KV-shared layers
+    ple_gate: jax.Array | None = None  # [hidden, P]   per_layer_input_gate
+    ple_proj: jax.Array | None = None  # [P, hidden]   per_layer_projection
+    ple_norm: jax.Array | None = None  # [hidden]      post_per_layer_input_norm
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PerLayerEmbedding:
+    """PLE inputs shared by all layers; the ``L * P`` axes pack layer-major ``[L, P]``."""
+
+    embed: jax.Array  # [vocab_per_layer, L * P]   embed_tokens_per_layer
+    projection: jax.Array  # [hidden, L * P]          per_layer_model_projection
+    norm: jax.Array  # [P]                           per_layer_projection_norm
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """Gemma 4 parameters; ``config`` is static (hashable) pytree aux data."""
+
+    embed: jax.Array  # [vocab, hidden]
+    layers: tuple[Layer, ...]
+    final_norm: jax.Array  # [hidden]
+    lm_head: jax.Array | None  # [hidden, vocab]; None when tied to ``embed``
+    ple: PerLayerEmbedding | None
+    config: Gemma4Config = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def dtype(self):
+        return self.embed.dtype
+
+    def init_cache(self, batch: int, max_len: int) -> KVCache:
+        """Buffers for the layers that own K/V, each in its layer type's shape."""
+        c = self.config
+        geometry = [c.attention_shape(i) for i in range(c.first_kv_shared_layer)]
+        shapes = [(batch, kv_heads, max_len, head_dim) for kv_heads, head_dim in geometry]
+        return KVCache(
+            k=tuple(jnp.zeros(s, self.dtype) for s in shapes),
+            v=tuple(jnp.zeros(s, self.dtype) for s in shapes),
+            lengths=jnp.zeros((batch,), jnp.int32),
+        )
+
+
+def _scale_in_dtype(value: float, dtype) -> jax.Array:
+    # HF makes an fp32 tensor and casts it to the weight dtype (sqrt(3072) is 55.5 in bf16).
+    return jnp.asarray(np.float32(value)).astype(dtype)
+
+
+def per_layer_inputs(model: Model, tokens: jax.Array, x: jax.Array, *, impl: str = "auto") -> jax.Array:
+    """Each layer's PLE input ``[batch, T, L, P]`` for ``tokens [batch, T]`` with scaled
+    embeddings ``x [batch, T, hidden]``: ``(norm(proj(x) / sqrt(H)) + table[t] * sqrt(P)) / sqrt(2)``
+    (HF ``get_per_layer_inputs`` + ``project_per_layer_inputs``)."""
+    c, ple = model.config, model.ple
+    shape = (*tokens.shape, c.num_layers, c.hidden_size_per_layer_input)
+    from_token = (ple.embed[tokens] * _scale_in_dtype(c.hidden_size_per_layer_input**0.5, model.dtype)).reshape(shape)
+    from_context = linear(x, ple.projection, impl=impl) * c.hidden_size**-0.5
+    from_context = rms_norm(from_context.reshape(shape), ple.norm, c.rms_norm_eps)
+    return (from_context + from_token) * 2.0**-0.5
+
+
+def attention(layer: Layer, c: Gemma4Config, index: int, h, positions, cos, sin, k_buf, v_buf, kv_lengths, *, impl="auto"):
+    """Self-attention of layer ``index`` over normed rows ``h [batch, T, hidden]`` at ``positions``.
+
+    ``kv_lengths [batch]``: valid cache rows once this step's rows are in. A layer that owns
+    its cache writes the K/V of its ``T`` rows as the last ``T`` of those; a KV-shared layer
+    reads its source layer's buffers (written earlier in this step) as they are, so its rows
+    may be any subset of the step's. Returns ``([batch, T, hidden], k_buf, v_buf)``.
+    """
+    batch, num_rows, _ = h.shape
+    kv_heads, head_dim = c.attention_shape(index)
+    q_size, kv_size = c.num_heads * head_dim, kv_heads * head_dim
+    proj = linear(h, layer.qkv, impl=impl)
+    q = rms_norm(proj[..., :q_size].reshape(batch, num_rows, c.num_heads, head_dim), layer.q_norm, c.rms_norm_eps)
+    q = apply_rope(q, cos, sin)
+    if c.kv_source(index) == index:
+        k = proj[..., q_size : q_size + kv_size].reshape(batch, num_rows, kv_heads, head_dim)
+        v = proj[..., q_size + kv_size :].reshape(k.shape) if c.has_v_proj(index) else k  # k_eq_v: the raw k
+        k = apply_rope(rms_norm(k, layer.k_norm, c.rms_norm_eps), cos, sin)
+        v = rms_norm(v, None, c.rms_norm_eps)
+        k_buf = write_rows(k_buf, k.transpose(0, 2, 1, 3), kv_lengths - num_rows)
+        v_buf = write_rows(v_buf, v.transpose(0, 2, 1, 3), kv_lengths - num_rows)
+    attn = decode_attention(
+        q, k_buf, v_buf, kv_lengths, q_positions=positions, window=c.window(index), scale=1.0, impl=impl
+    )
+    return linear(attn.reshape(batch, num_rows, q_size), layer.o, impl=impl), k_buf, v_buf
+
+
+def decoder_layer(
+    layer: Layer, c: Gemma4Config, index: int, x, k_buf, v_buf, kv_lengths, positions, cos, sin, per_layer_input,
+    *, impl="auto",
+):
+    """Layer ``index`` on the residual stream ``x [batch, T, hidden]``; ``per_layer_input
+    [batch, T, P]`` or None without PLE; ``kv_lengths`` as for ``attention``. Returns ``(x, k_buf, v_buf)``."""
+    eps = c.rms_norm_eps
+    attn_out, k_buf, v_buf = attention(
+        layer, c, index, rms_norm(x, layer.attn_norm, eps), positions, cos, sin, k_buf, v_buf, kv_lengths, impl=impl
+    )
+    x = x + rms_norm(attn_out, layer.post_attn_norm, eps)
+    mlp_out = gated_mlp(rms_norm(x, layer.mlp_norm, eps), layer.gate_up, layer.down, gelu_tanh, impl=impl)
+    x = x + rms_norm(mlp_out, layer.post_mlp_norm, eps)
+    if per_layer_input is not None:
+        gated = gelu_tanh(linear(x, layer.ple_gate, impl=impl)) * per_layer_input
+        x = x + rms_norm(linear(gated, layer.ple_proj, impl=impl), layer.ple_norm, eps)
+    return x * layer.layer_scalar.astype(x.dtype), k_buf, v_buf
+
+
+def forward(
+    model: Model,
+    tokens: jax.Array,
+    kv: KVCache,
+    *,
+    capture: tuple[int | str, ...] = (),
+    logits_rows: jax.Array | None = None,
+    impl: str = "auto",
+) -> tuple[jax.Array | None, tuple[jax.Array, ...], KVCache]:
+    """Run ``tokens [batch, T]`` at positions ``kv.lengths[b] + 0..T-1``, writing their K/V.
+
+    Exactly the contract of ``jspec.models.llama.forward`` (logits fp32, here soft-capped;
+    ``logits_rows`` None / ``[batch]`` / ``[batch, n]`` / ``()``; ``capture`` of layer indices
+    and ``FINAL_NORMED``; K/V written for all rows, lengths advanced by ``T``).
+
+    KV-shared layers write no cache, so with ``logits_rows`` only those rows enter them (HF
+    ``_maybe_slice_kv_shared_inputs``) unless a later feature is captured: a prefill runs the
+    last ``num_kv_shared_layers`` layers on one row per sequence.
+    """
+    c = model.config
+    batch, num_rows = tokens.shape
+    positions = kv.lengths[:, None] + jnp.arange(num_rows, dtype=jnp.int32)[None, :]  # [batch, T]
+    rope = {}  # layer type -> (cos, sin) [batch, T, its head_dim]
+    for kind in dict.fromkeys(c.layer_types):
+        head_dim = c.head_dim if kind == SLIDING else c.global_head_dim
+        rope[kind] = rope_cos_sin(positions, jnp.asarray(c.rope(kind).inv_freq(head_dim)), model.dtype)
+    x = model.embed[tokens] * _scale_in_dtype(c.hidden_size**0.5, model.dtype)  # [batch, T, hidden]
+    ple = None if model.ple is None else per_layer_inputs(model, tokens, x, impl=impl)  # [batch, T, L, P]
+
+    skip_head = isinstance(logits_rows, tuple) and not logits_rows
+    head_rows = None  # [batch, n] rows that get logits, negative ones counted from the end (as gather_rows)
+    if logits_rows is not None and not skip_head:
+        head_rows = logits_rows.reshape(batch, -1).astype(jnp.int32)
+        head_rows = jnp.clip(jnp.where(head_rows < 0, head_rows + num_rows, head_rows), 0, num_rows - 1)
+    late_capture = FINAL_NORMED in capture or any(
+        isinstance(key, int) and key > c.first_kv_shared_layer for key in capture
+    )
+    keep_head_rows_at = c.first_kv_shared_layer if head_rows is not None and not late_capture else None
+
+    captured = {}
+    kv_lengths = kv.lengths + num_rows
+    k_bufs, v_bufs = list(kv.k), list(kv.v)
+    for i, layer in enumerate(model.layers):
+        if i in capture:
+            captured[i] = x
+        if i == keep_head_rows_at:
+            x, positions, rope, ple = _keep_rows(head_rows, x, positions, rope, ple, impl=impl)
+        src = c.kv_source(i)
+        x, k_bufs[src], v_bufs[src] = decoder_layer(
+            layer, c, i, x, k_bufs[src], v_bufs[src], kv_lengths, positions, *rope[c.layer_types[i]],
+            None if ple is None else ple[:, :, i], impl=impl,
+        )
+    captured[c.num_layers] = x
+
+    if FINAL_NORMED in capture or logits_rows is None:
+        captured[FINAL_NORMED] = rms_norm(x, model.final_norm, c.rms_norm_eps)
+    if skip_head:
+        logits = None
+    elif logits_rows is None:
+        logits = softcap(lm_head(model, captured[FINAL_NORMED], impl=impl), c.final_logit_softcapping)
+    else:
+        if keep_head_rows_at is None or keep_head_rows_at == c.num_layers:  # x still holds all T rows
+            x = gather_rows(x, head_rows, impl=impl)
+        logits = softcap(lm_head(model, rms_norm(x, model.final_norm, c.rms_norm_eps), impl=impl), c.final_logit_softcapping)
+        logits = logits.reshape(*logits_rows.shape, -1)
+
+    features = tuple(captured[key] for key in capture)
+    new_kv = KVCache(k=tuple(k_bufs), v=tuple(v_bufs), lengths=kv.lengths + num_rows)
+    return logits, features, new_kv
+
+
+def _keep_rows(rows, x, positions, rope, ple, *, impl):
+    """Rows ``rows [batch, n]`` (indices into T) of the residual stream, positions, RoPE tables
+    and PLE inputs."""
+
+    def take(a):  # [batch, T, ...] -> [batch, n, ...]
+        return jnp.take_along_axis(a, rows.reshape(*rows.shape, *([1] * (a.ndim - 2))), axis=1)
+
+    rope = {kind: (take(cos), take(sin)) for kind, (cos, sin) in rope.items()}
+    return gather_rows(x, rows, impl=impl), take(positions), rope, None if ple is None else take(ple)
+
+
+def softcap(logits: jax.Array, cap: float | None) -> jax.Array:
+    """``cap * tanh(logits / cap)`` on fp32 logits; identity for ``cap=None``."""
+    return logits if cap is None else cap * jnp.tanh(logits / cap)
+
+
+def init_layer(c: Gemma4Config, index: int, key: jax.Array, dtype=jnp.float32, *, scale: float = 0.02) -> Layer:
+    """A random layer ``index`` (its shapes depend on the layer type, KV sharing and PLE)."""
+    kv_heads, head_dim = c.attention_shape(index)
+    q_size, kv_size = c.num_heads * head_dim, kv_heads * head_dim
+    owns_kv = c.kv_source(index) == index
+    qkv_size = q_size + (kv_size * (1 + c.has_v_proj(index)) if owns_kv else 0)
+    H, inter, P = c.hidden_size, c.mlp_size(index), c.hidden_size_per_layer_input
+    k = iter(jax.random.split(key, 14))
+    return Layer(
+        attn_norm=random_norm_weight(next(k), (H,), dtype),
+        qkv=random_matrix(next(k), (H, qkv_size), dtype, scale),
+        q_norm=random_norm_weight(next(k), (head_dim,), dtype),
+        o=random_matrix(next(k), (q_size, H), dtype, scale),
+        post_attn_norm=random_norm_weight(next(k), (H,), dtype),
+        mlp_norm=random_norm_weight(next(k), (H,), dtype),
+        gate_up=random_matrix(next(k), (H, 2 * inter), dtype, scale),
+        down=random_matrix(next(k), (inter, H), dtype, scale),
+        post_mlp_norm=random_norm_weight(next(k), (H,), dtype),
+        layer_scalar=random_norm_weight(next(k), (1,), dtype),
+        k_norm=random_norm_weight(next(k), (head_dim,), dtype) if owns_kv else None,
+        ple_gate=random_matrix(next(k), (H, P), dtype, scale) if P else None,
+        ple_proj=random_matrix(next(k), (P, H), dtype, scale) if P else None,
+        ple_norm=random_norm_weight(next(k), (H,), dtype) if P else None,
+    )
+
+
+def init_params(config: Gemma4Config, key: jax.Array, dtype=jnp.float32, *, scale: float = 0.02) -> Model:
+    """Random parameters (normal(0, scale) matrices, norms near 1), for tests and benchmarks."""
+    c = config
+    embed_key, norm_key, head_key, ple_key, *layer_keys = jax.random.split(key, 4 + c.num_layers)
+    ple = None
+    if c.hidden_size_per_layer_input:
+        width = c.num_layers * c.hidden_size_per_layer_input
+        k1, k2, k3 = jax.random.split(ple_key, 3)
+        ple = PerLayerEmbedding(
+            embed=random_matrix(k1, (c.vocab_size_per_layer_input, width), dtype, scale),
+            projection=random_matrix(k2, (c.hidden_size, width), dtype, scale),
+            norm=random_norm_weight(k3, (c.hidden_size_per_layer_input,), dtype),
+        )
+    return Model(
+        embed=random_matrix(embed_key, (c.vocab_size, c.hidden_size), dtype, scale),
+        layers=tuple(init_layer(c, i, k, dtype, scale=scale) for i, k in enumerate(layer_keys)),
+        final_norm=random_norm_weight(norm_key, (c.hidden_size,), dtype),
+        lm_head=None if c.tie_word_embeddings else random_matrix(head_key, (c.hidden_size, c.vocab_size), dtype, scale),
+        ple=ple,
+        config=c,
+    )
