@@ -105,6 +105,10 @@ def _decode_check_cases():
                                        dtype="bfloat16"), dict(scale=0.05)),
         ("prefill_t128_gqa4_bf16", dict(batch=2, num_q=128, max_len=1024, dtype="bfloat16", **base), dict(window=300)),
         ("decode_128k_b1_bf16", dict(batch=1, num_q=1, max_len=131072, dtype="bfloat16", **base), {}),
+        ("gemma4_full_d512_gqa8_bf16", dict(batch=2, num_q=5, num_q_heads=32, num_kv_heads=4, max_len=2048,
+                                            head_dim=512, dtype="bfloat16"), dict(scale=1.0)),
+        ("gemma4_sliding_d256_window_bf16", dict(batch=2, num_q=1, num_q_heads=32, num_kv_heads=16, max_len=3000,
+                                                 head_dim=256, dtype="bfloat16"), dict(window=1024, scale=1.0)),
         ("decode_m4_gqa1_16_bf16", dict(batch=1, num_q=1, num_q_heads=4, num_kv_heads=4, max_len=256, head_dim=128,
                                         dtype="bfloat16"), {}),
     ]
