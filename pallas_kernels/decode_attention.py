@@ -64,6 +64,10 @@ _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 _LOG2E = math.log2(math.e)
 # Programs to aim for when choosing k_splits (~2 waves on a 132-SM H100).
 _TARGET_PROGRAMS = 264
+# Shared memory the default tiling may plan for (of 227 KiB on H100/H200; Triton needs headroom).
+# head_dim 512 with 5 query rows x GQA 8 and the head_dim-256 tiling asked for ~256 KiB and failed
+# to launch on an H200.
+_SMEM_BUDGET = 160 * 1024
 
 
 def _next_pow2(n: int) -> int:
@@ -271,7 +275,7 @@ def _default_config(batch, num_kv_heads, m_blocks, max_len, head_dim, block_m):
     per split at full length and at most 64 splits. 16-row blocks: block_k 64, 4 warps, 2 stages;
     larger: 3 stages (1.3x faster than 2 at 5 query rows x GQA 4).
     """
-    block_k = 64 if head_dim <= 128 else 32
+    block_k = 64 if head_dim <= 128 else 32 if head_dim <= 256 else 16
     block_k = max(16, min(block_k, _next_pow2(max_len)))
     n_blocks = -(-max_len // block_k)
     base = batch * num_kv_heads * m_blocks
@@ -282,7 +286,14 @@ def _default_config(batch, num_kv_heads, m_blocks, max_len, head_dim, block_m):
     k_splits = max(1, min(k_splits, 64, _next_pow2(max(1, n_blocks // 4))))
     num_warps = 8 if block_m * head_dim >= 64 * 256 else 4
     num_stages = 2 if block_m <= 16 else 3
+    while num_stages > 1 and _smem_bytes(block_m, block_k, head_dim, num_stages) > _SMEM_BUDGET:
+        num_stages -= 1
     return dict(block_k=block_k, k_splits=k_splits, num_warps=num_warps, num_stages=num_stages)
+
+
+def _smem_bytes(block_m, block_k, head_dim, num_stages, itemsize=2):
+    """Shared memory a program needs, roughly: pipelined K and V tiles, q, the probabilities."""
+    return num_stages * 2 * block_k * head_dim * itemsize + block_m * head_dim * itemsize + block_m * block_k * 4
 
 
 def _decode_call(
@@ -450,10 +461,11 @@ def use_pallas(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype
     batch 1 x 4k rows already 1.07-1.34x for the kernel). So: the reference when ``num_q == 1``
     and the cache holds fewer than 2**21 K elements (``batch * kv_heads * max_len * head_dim``,
     e.g. batch 1 x 8 heads x 2k rows x 128); the kernel everywhere else, for 16-bit caches (the
-    only ones timed; fp32 goes to the reference). Large ``num_q`` (tree verify, prefill chunks) is
+    only ones timed; fp32 goes to the reference) with head_dim <= 256 (the GPU runs covered 64-256).
+    Large ``num_q`` (tree verify, prefill chunks) is
     fine: 16..512 query rows measured 2.1-2.6x faster than the reference.
     """
-    if jnp.dtype(dtype).itemsize != 2:
+    if jnp.dtype(dtype).itemsize != 2 or head_dim > 256:  # head_dim 512 (Gemma 4 full layers): not measured
         return False
     if num_q == 1 and batch * num_kv_heads * max_len * head_dim < 2**21:
         return False

@@ -200,3 +200,25 @@ def test_auto_is_reference_on_cpu():
     np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
     with pytest.raises(ValueError):
         decode_attention(*args, q_positions=case["q_positions"], impl="triton")
+
+
+def test_auto_rule_on_gpu():
+    from pallas_kernels.decode_attention import use_pallas
+
+    bf = jnp.bfloat16
+    assert use_pallas(1, 1, 32, 8, 131072, 128, bf)
+    assert use_pallas(8, 5, 32, 8, 4096, 128, bf)
+    assert not use_pallas(1, 1, 32, 8, 1024, 128, bf)  # single row, tiny cache: launch-bound, XLA
+    assert not use_pallas(1, 1, 32, 8, 131072, 128, jnp.float32)
+    assert not use_pallas(1, 5, 32, 4, 4096, 512, bf)  # head_dim 512: never measured
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256, 512])
+@pytest.mark.parametrize("rows", [1, 5, 16, 128])
+def test_default_tiling_fits_shared_memory(head_dim, rows):
+    from pallas_kernels.decode_attention import _SMEM_BUDGET, _default_config, _smem_bytes
+
+    block_m = max(16, min(1 << (rows * 8 - 1).bit_length(), 64))
+    cfg = _default_config(1, 4, 1, 8192, head_dim, block_m)
+    assert _smem_bytes(block_m, cfg["block_k"], head_dim, cfg["num_stages"]) <= _SMEM_BUDGET
+    assert cfg["num_stages"] >= 1
