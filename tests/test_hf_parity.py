@@ -10,16 +10,23 @@ import pytest
 import jspec
 
 ARCHS = ["llama3", "qwen2", "qwen3"]
+# gemma4: k_eq_v, full head_dim 32 vs sliding 16, proportional RoPE, window 4 (the prompts exceed it).
+# gemma4-ple: PLE, KV-shared layers with double-wide MLPs, untied head.
+# gemma4-multimodal: Gemma4ForConditionalGeneration layout (model.language_model.*).
+GEMMA4_CASES = ["gemma4", "gemma4-ple", "gemma4-multimodal"]
+# (fixture that writes the checkpoints, checkpoint name)
+CHECKPOINTS = [("hf_models", name) for name in ARCHS] + [("hf_gemma4", name) for name in GEMMA4_CASES]
 
 
 def _reference(hf_models, name):
     return np.load(hf_models / name / "reference.npz")
 
 
-@pytest.mark.parametrize("name", ARCHS)
-def test_score_logits_match_hf(hf_models, name):
-    model = jspec.load_hf(hf_models / name)
-    ref = _reference(hf_models, name)
+@pytest.mark.parametrize("fixture, name", CHECKPOINTS)
+def test_score_logits_match_hf(request, fixture, name):
+    root = request.getfixturevalue(fixture)
+    model = jspec.load_hf(root / name)
+    ref = _reference(root, name)
     logits = np.asarray(jspec.score(model, ref["score_ids"]))
     expected = ref["score_logits"]
     assert logits.shape == expected.shape
@@ -27,12 +34,13 @@ def test_score_logits_match_hf(hf_models, name):
     assert rel < 1e-4
 
 
-@pytest.mark.parametrize("name", ARCHS)
-def test_greedy_generate_matches_hf_on_ragged_batch(hf_models, name):
-    model = jspec.load_hf(hf_models / name)
-    spec = json.loads((hf_models / "prompts.json").read_text())
+@pytest.mark.parametrize("fixture, name", CHECKPOINTS)
+def test_greedy_generate_matches_hf_on_ragged_batch(request, fixture, name):
+    root = request.getfixturevalue(fixture)
+    model = jspec.load_hf(root / name)
+    spec = json.loads((root / "prompts.json").read_text())
     generated = jspec.generate(model, spec["prompts"], spec["max_new_tokens"])
-    expected = _reference(hf_models, name)["generated"].tolist()
+    expected = _reference(root, name)["generated"].tolist()
     assert generated == expected
 
 
