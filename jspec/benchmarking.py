@@ -32,6 +32,14 @@ PRESETS: dict[str, LlamaConfig | Gemma4Config] = {
         vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
         head_dim=16, max_position_embeddings=4096,
     ),
+    # Every Gemma 4 feature at toy size (two attention geometries, k_eq_v, a window, per-layer
+    # embeddings, KV-shared layers, softcap), for the scripts' CPU smoke runs.
+    "tiny-gemma4": Gemma4Config(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
+        head_dim=16, num_global_kv_heads=1, global_head_dim=32, layer_types=(SLIDING, FULL, SLIDING, FULL),
+        sliding_window=16, max_position_embeddings=4096, attention_k_eq_v=True, final_logit_softcapping=30.0,
+        hidden_size_per_layer_input=8, vocab_size_per_layer_input=512, num_kv_shared_layers=2,
+    ),
     "llama-3.2-1b": LlamaConfig(
         vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32, num_kv_heads=8,
         head_dim=64, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,

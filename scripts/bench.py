@@ -430,10 +430,13 @@ def main(argv=None):
     if args.tiny:
         jax.config.update("jax_platforms", "cpu")
         args.repeats = 2
+        # tiny presets named on the command line are kept (e.g. tiny-gemma4), anything else is replaced
         if args.command == "decode":
-            args.targets, args.batch, args.context, args.steps, args.copy_bytes = ["tiny"], [1], [32], 8, 1 << 22
+            args.targets = [t for t in args.targets if t.startswith("tiny")] or ["tiny"]
+            args.batch, args.context, args.steps, args.copy_bytes = [1], [32], 8, 1 << 22
         elif args.command == "spec":
-            args.target, args.draft, args.context, args.k, args.new_tokens = "tiny", "tiny-draft", 32, [2], 32
+            args.target = args.target if args.target.startswith("tiny") else "tiny"
+            args.draft, args.context, args.k, args.new_tokens = "tiny-draft", 32, [2], 32
             # shrink what was asked for; an empty --alpha / --stages-k stays empty
             args.k_end_to_end = [2]
             args.alpha, args.stages_k = [0.8][: len(args.alpha)], [2][: len(args.stages_k)]

@@ -27,12 +27,13 @@ def test_help(script):
 @pytest.mark.parametrize(
     "command",
     [
-        ["decode"],
+        ["decode", "--targets", "tiny", "tiny-gemma4"],
         ["spec"],  # draft model: rounds, stages, end to end with the oracle
+        ["spec", "--target", "tiny-gemma4"],  # a Gemma 4 target drafted by a Llama-family draft model
         ["spec", "--drafter", "eagle3", "--alpha", "--stages-k"],  # rounds only
         ["compile"],
     ],
-    ids=["decode", "spec", "spec-eagle3", "compile"],
+    ids=["decode", "spec", "spec-gemma4", "spec-eagle3", "compile"],
 )
 def test_bench_tiny(tmp_path, command):
     out = tmp_path / "result.json"
@@ -41,6 +42,7 @@ def test_bench_tiny(tmp_path, command):
     result = json.loads(out.read_text())
     assert result["kind"] == command and result["environment"]["platform"] == "cpu"
     if command == "decode":
+        assert {r["target"] for r in result["results"]} == {"tiny", "tiny-gemma4"}
         assert "roofline_fraction" in result["results"][0]  # CPU timings of a tiny model are noise
         assert out.with_suffix(".png").exists()
 
