@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from jspec.gemma4_config import GEMMA4_ARCHITECTURES, Gemma4Config, Gemma4Rope
+from jspec.layers import default_inv_freq
 
 # architecture name in config.json -> family flags
 _ARCHITECTURES = {
@@ -75,9 +76,7 @@ class LlamaConfig:
 
     def rope_inv_freq(self) -> np.ndarray:
         """Per-pair inverse frequencies [head_dim // 2], fp32, as HF computes them."""
-        d = self.head_dim
-        inv_freq = 1.0 / (self.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))
-        inv_freq = inv_freq.astype(np.float32)
+        inv_freq = default_inv_freq(self.rope_theta, self.head_dim)
         s = self.rope_scaling
         if s is None:
             return inv_freq

@@ -8,6 +8,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jspec.layers import default_inv_freq
+
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -26,12 +28,9 @@ class Gemma4Rope:
     def inv_freq(self, head_dim: int) -> np.ndarray:
         """``[head_dim // 2]`` fp32, as HF ``modeling_rope_utils`` computes it."""
         if self.rope_type == "default":
-            return (1.0 / self.theta ** (np.arange(0, head_dim, 2).astype(np.float32) / head_dim)).astype(np.float32)
+            return default_inv_freq(self.theta, head_dim)
         rotated = int(self.partial_rotary_factor * head_dim // 2)
-        # The exponent's denominator is the full head_dim, not the rotated width.
-        inv_freq = 1.0 / self.theta ** (np.arange(0, 2 * rotated, 2).astype(np.float32) / head_dim)
-        inv_freq = np.concatenate([inv_freq, np.zeros(head_dim // 2 - rotated, np.float32)])
-        return (inv_freq / self.factor).astype(np.float32)
+        return (default_inv_freq(self.theta, head_dim, rotated) / self.factor).astype(np.float32)
 
 
 @jax.tree_util.register_static

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_kernels import skinny_matmul
 from pallas_kernels.gather_rows import rms_norm
 
-__all__ = ["rms_norm", "rms_norm_fp32_scale", "rope_cos_sin", "apply_rope", "linear", "gated_mlp", "silu_mlp"]
+__all__ = ["rms_norm", "rms_norm_fp32_scale", "default_inv_freq", "rope_cos_sin", "apply_rope", "linear", "gated_mlp", "silu_mlp"]
 
 
 def rms_norm_fp32_scale(x: jax.Array, weight: jax.Array | None, eps: float) -> jax.Array:
@@ -19,6 +20,15 @@ def rms_norm_fp32_scale(x: jax.Array, weight: jax.Array | None, eps: float) -> j
     if weight is not None:
         normed = normed * weight.astype(jnp.float32)
     return normed.astype(x.dtype)
+
+
+def default_inv_freq(theta: float, head_dim: int, rotated_pairs: int | None = None) -> np.ndarray:
+    """RoPE inverse frequencies ``[head_dim // 2]`` in fp32, as HF computes them:
+    ``1 / theta ** (2i / head_dim)`` for the first ``rotated_pairs`` pairs (all by default), 0 for
+    the rest (unrotated dimensions; the exponent keeps the full ``head_dim``)."""
+    pairs = head_dim // 2 if rotated_pairs is None else rotated_pairs
+    inv_freq = 1.0 / theta ** (np.arange(0, 2 * pairs, 2).astype(np.float32) / head_dim)
+    return np.concatenate([inv_freq, np.zeros(head_dim // 2 - pairs, np.float32)]).astype(np.float32)
 
 
 def rope_cos_sin(positions: jax.Array, inv_freq: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:

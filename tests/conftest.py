@@ -13,13 +13,13 @@ jax.config.update("jax_platforms", "cpu")
 @pytest.fixture(scope="session")
 def hf_models(tmp_path_factory):
     """Directory with tiny random HF checkpoints + reference outputs (see tests/hf_reference.py)."""
-    return hf_oracle.make_models(tmp_path_factory.mktemp("hf_models"))
+    return hf_oracle.make("models", tmp_path_factory.mktemp("hf_models"))
 
 
 @pytest.fixture(scope="session")
 def hf_gemma4(tmp_path_factory):
     """Tiny random Gemma 4 HF checkpoints + reference outputs (tests/hf_reference.py cmd_gemma4)."""
-    return hf_oracle.make_gemma4(tmp_path_factory.mktemp("hf_gemma4"))
+    return hf_oracle.make("gemma4", tmp_path_factory.mktemp("hf_gemma4"))
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -32,24 +32,10 @@ def run(*args: str) -> None:
         raise RuntimeError(f"hf_reference.py {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
 
 
-def make_models(out_dir: Path) -> Path:
-    run("models", str(out_dir))
-    return out_dir
-
-
-def make_eagle3(out_dir: Path) -> Path:
-    """EAGLE-3 heads (tests/hf_reference.py EAGLE3_CASES) + their Llama target under ``target/``."""
-    run("eagle3", str(out_dir))
-    return out_dir
-
-
-def make_mtp(out_dir: Path) -> Path:
-    """Targets carrying one MTP layer (tests/hf_reference.py MTP_CASES)."""
-    run("mtp", str(out_dir))
-    return out_dir
-
-
-def make_gemma4(out_dir: Path) -> Path:
-    """Tiny Gemma 4 checkpoints (tests/hf_reference.py GEMMA4_CASES and the multimodal layout)."""
-    run("gemma4", str(out_dir))
+def make(kind: str, out_dir: Path) -> Path:
+    """Write tiny HF checkpoints + reference outputs of one kind into ``out_dir``: ``models``
+    (Llama 3 / Qwen2 / Qwen3), ``eagle3`` (heads + their Llama target under ``target/``), ``mtp``
+    (targets carrying one MTP layer) or ``gemma4`` (incl. the multimodal layout); the cases are
+    listed in tests/hf_reference.py."""
+    run(kind, str(out_dir))
     return out_dir

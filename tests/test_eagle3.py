@@ -19,7 +19,7 @@ from tests.tiny import eagle3_head, tiny_model
 
 @pytest.fixture(scope="module")
 def eagle3_dir(tmp_path_factory):
-    return hf_oracle.make_eagle3(tmp_path_factory.mktemp("eagle3"))
+    return hf_oracle.make("eagle3", tmp_path_factory.mktemp("eagle3"))
 
 
 @pytest.mark.parametrize("case", ["eagle3", "eagle3-own"])

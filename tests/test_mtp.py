@@ -21,7 +21,7 @@ from tests.tiny import tiny_model
 
 @pytest.fixture(scope="module")
 def mtp_dir(tmp_path_factory):
-    return hf_oracle.make_mtp(tmp_path_factory.mktemp("mtp"))
+    return hf_oracle.make("mtp", tmp_path_factory.mktemp("mtp"))
 
 
 @pytest.mark.parametrize("case, layout", [("mtp-deepseek", "deepseek"), ("mtp-qwen", "qwen3_next")])
