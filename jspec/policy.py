@@ -96,13 +96,19 @@ def choose_for_batch(
     return choose_num_draft_tokens(costs, alpha, batch=batch, new_tokens=new_tokens)
 
 
+def round_costs_by_batch(rounds) -> dict[int, dict[int, float]]:
+    """``{batch: {k: round / decode step}}`` from ``scripts/bench.py spec`` round rows (dicts with
+    ``batch``, ``k`` and ``overhead_ratio``)."""
+    by_batch: dict[int, dict[int, float]] = {}
+    for r in rounds:
+        by_batch.setdefault(int(r["batch"]), {})[int(r["k"])] = float(r["overhead_ratio"])
+    return by_batch
+
+
 def round_costs_from_benchmark(path, batch: int | None = None):
     """Round costs from a ``scripts/bench.py spec`` JSON: ``{k: round / decode step}`` at
     ``batch``, or ``{batch: {k: ...}}`` for every measured batch when ``batch`` is None."""
-    rows = json.loads(Path(path).read_text())["results"]["rounds"]
-    by_batch: dict[int, dict[int, float]] = {}
-    for r in rows:
-        by_batch.setdefault(int(r["batch"]), {})[int(r["k"])] = float(r["overhead_ratio"])
+    by_batch = round_costs_by_batch(json.loads(Path(path).read_text())["results"]["rounds"])
     if batch is None:
         return by_batch
     if batch not in by_batch:

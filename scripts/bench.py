@@ -31,7 +31,7 @@ from jspec import benchmarking as B  # noqa: E402
 from jspec import engine, speculative  # noqa: E402
 from jspec.drafters import MTP, DraftModel, Eagle3, Eagle3Config, NGram, init_eagle3_head, init_mtp_head  # noqa: E402
 from jspec.drafters.oracle import Oracle  # noqa: E402
-from jspec.policy import choose_for_batch  # noqa: E402
+from jspec.policy import choose_for_batch, round_costs_by_batch  # noqa: E402
 from jspec.sampling import SamplingParams  # noqa: E402
 
 GREEDY = SamplingParams()
@@ -210,9 +210,7 @@ def cmd_spec(args):
         if args.alpha:
             results["end_to_end"] += _end_to_end(target, drafter, batch, args)
     if results["rounds"]:  # the k that jspec.policy picks from these costs, per batch and acceptance rate
-        by_batch = {}
-        for r in results["rounds"]:
-            by_batch.setdefault(r["batch"], {})[r["k"]] = r["overhead_ratio"]
+        by_batch = round_costs_by_batch(results["rounds"])
         batches = sorted({2**i for i in range(max(by_batch).bit_length())} | set(by_batch))
         alphas = (0.3, 0.5, 0.6, 0.7, 0.8, 0.9)
         results["policy"] = {  # per-round view (continuous batching)
