@@ -84,6 +84,14 @@ def cmd_decode(args):
     dtype = jnp.dtype(args.dtype)
     bw = B.copy_bandwidth(args.copy_bytes)
     results = []
+
+    def save():  # after every row: a slow compile that runs out of time loses nothing measured
+        out = dict(kind="decode", environment=B.environment(dtype, args.seed), copy_bandwidth=bw,
+                   method="generate's on-device while loop; ms/token = (T(n) - T(1)) / (n - 1), medians; "
+                          "verify: one jitted forward of --verify-rows rows (all logits), median",
+                   steps=args.steps, results=results)
+        B.write_json(args.out, out)
+
     for preset in tqdm(args.targets, desc="targets"):
         model = B.load_target(preset, dtype, args.seed)
         weights = B.weight_bytes_per_step(model)
@@ -112,13 +120,9 @@ def cmd_decode(args):
                         message += f"; verify {args.verify_rows} rows {verify_s * 1e3:.3f} ms " \
                                    f"({verify_roofline_s / verify_s:.1%})"
                     results.append(row)
+                    save()
                     tqdm.write(message)
         del model
-    out = dict(kind="decode", environment=B.environment(dtype, args.seed), copy_bandwidth=bw,
-               method="generate's on-device while loop; ms/token = (T(n) - T(1)) / (n - 1), medians; "
-                      "verify: one jitted forward of --verify-rows rows (all logits), median",
-               steps=args.steps, results=results)
-    B.write_json(args.out, out)
     _plot_decode(results, Path(args.out).with_suffix(".png"))
 
 
