@@ -285,15 +285,20 @@ def run_decode(args, copy_tb_s=None, save=None):
 
     from pallas_kernels.decode_attention import _default_config
 
+    hq, hkv, head_dim = args.heads
+    heads = dict(hq=hq, hkv=hkv, head_dim=head_dim)
+    kv_row_bytes = 2 * hkv * head_dim * 2  # K and V of one cache row, bf16
     configs = [(b, qn, c) for qn in args.queries for b in args.batches for c in args.contexts]
-    configs = [cfg for cfg in configs if 2 * 8 * 128 * 2 * cfg[0] * cfg[2] <= args.max_kv_gb * 1e9]
+    configs = [cfg for cfg in configs if kv_row_bytes * cfg[0] * cfg[2] <= args.max_kv_gb * 1e9]
     rows = []
     for batch, num_q, context in tqdm(configs, desc="decode-attention", file=sys.stdout):
         impls = ["pallas", "xla"]
-        if 2 * 2 * 8 * 128 * 2 * batch * context <= args.max_kv_gb * 1e9:  # room for cuDNN's copy
+        if 2 * kv_row_bytes * batch * context <= args.max_kv_gb * 1e9:  # room for cuDNN's copy
             impls.append("cudnn")
-        row = bench_decode_one(batch, num_q, context, impls=impls, inner=args.inner, repeats=args.repeats)
-        row["config"] = _default_config(batch, 8, 1, context, 128, max(16, 1 << (4 * num_q - 1).bit_length()))
+        row = bench_decode_one(batch, num_q, context, impls=impls, inner=args.inner, repeats=args.repeats, **heads)
+        rows_m = num_q * (hq // hkv)
+        row["config"] = _default_config(batch, hkv, -(-rows_m // 64), context, head_dim,
+                                        max(16, min(64, 1 << (rows_m - 1).bit_length())))
         rows.append(_finish_row(row, copy_tb_s))
         if save:
             save(rows, [])
@@ -306,7 +311,7 @@ def run_decode(args, copy_tb_s=None, save=None):
         for num_q in args.queries:
             lengths = np.maximum(lengths, num_q)
             row = bench_decode_one(batch, num_q, max_len, lengths=lengths, impls=["pallas", "xla", "cudnn"],
-                                   inner=args.inner, repeats=args.repeats)
+                                   inner=args.inner, repeats=args.repeats, **heads)
             ragged.append(_finish_row(row, copy_tb_s))
             if save:
                 save(rows, ragged)
@@ -462,6 +467,8 @@ def _add_decode(p):
     p.add_argument("--batches", type=_ints, default=[1, 8, 32])
     p.add_argument("--contexts", type=_ints, default=[1024, 4096, 16384, 32768, 65536, 131072])
     p.add_argument("--queries", type=_ints, default=[1, 5])
+    p.add_argument("--heads", type=lambda s: tuple(_ints(s.replace("x", ","))), default=(32, 8, 128),
+                   help="'QHEADSxKVHEADSxHEAD_DIM' (default 32x8x128, Llama-3.1-8B; Gemma 4 31B full layers: 32x4x512)")
     p.add_argument("--max-kv-gb", type=float, default=20.0, help="skip sizes whose K+V exceed this (default 20 GB)")
     p.add_argument("--ragged", type=lambda s: [tuple(_ints(t.replace("x", ","))) for t in s.split(";") if t],
                    default=[(8, 32768), (32, 8192)], help="ragged batches 'BxMAXLEN;...' (lengths uniform in 1..max)")
@@ -525,7 +532,7 @@ def main(argv=None):
     if args.cmd in ("decode-attention", "all"):
         args.out.mkdir(parents=True, exist_ok=True)
         data = dict(
-            info=info, copy_bandwidth=copy, shape=dict(num_q_heads=32, num_kv_heads=8, head_dim=128, dtype="bfloat16"),
+            info=info, copy_bandwidth=copy, shape=dict(num_q_heads=args.heads[0], num_kv_heads=args.heads[1], head_dim=args.heads[2], dtype="bfloat16"),
             method=f"median of {args.repeats} runs of a jit with {args.inner} chained calls, divided by {args.inner}",
             rows=[], ragged=[], sweep=[],
         )
