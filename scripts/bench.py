@@ -64,7 +64,7 @@ def measure_decode_loop(model, batch, context, *, steps, impl, repeats):
     )
     short, long = B.time_fn(lambda: run(1), repeats=repeats), B.time_fn(lambda: run(steps), repeats=repeats)
     per_token = (long.median_s - short.median_s) / (steps - 1)
-    return per_token, short.median_s
+    return per_token, short, long
 
 
 def _verify_pass(capture, impl):
@@ -77,7 +77,7 @@ def measure_verify(model, batch, context, *, rows, impl, repeats):
     state = _decode_state(model, batch, context, engine.cache_length(context, context + rows), impl)
     tokens = jnp.zeros((batch, rows), jnp.int32)
     verify = _verify_pass((), impl)
-    return B.time_fn(lambda: verify(model, tokens, state.kv), repeats=repeats).median_s
+    return B.time_fn(lambda: verify(model, tokens, state.kv), repeats=repeats)
 
 
 def cmd_decode(args):
@@ -98,7 +98,7 @@ def cmd_decode(args):
         for batch in args.batch:
             for context in args.context:
                 for impl in args.impl:
-                    per_token, prefill_s = measure_decode_loop(
+                    per_token, short, long = measure_decode_loop(
                         model, batch, context, steps=args.steps, impl=impl, repeats=args.repeats
                     )
                     kv = B.kv_bytes_per_step(model, batch, context + args.steps // 2)
@@ -107,16 +107,19 @@ def cmd_decode(args):
                         target=preset, batch=batch, context=context, impl=impl, ms_per_token=per_token * 1e3,
                         tokens_per_s=batch / per_token, weight_bytes=weights, kv_bytes=kv,
                         roofline_ms_per_token=roofline_s * 1e3, roofline_fraction=roofline_s / per_token,
-                        prefill_plus_first_token_ms=prefill_s * 1e3,
+                        prefill_plus_first_token_ms=short.median_s * 1e3,
+                        timings={"1_token": short.as_dict(), f"{args.steps}_tokens": long.as_dict()},
                     )
                     message = (f"{preset} b={batch} ctx={context} {impl}: {per_token * 1e3:.3f} ms/token, "
                                f"roofline {roofline_s * 1e3:.3f} ms ({roofline_s / per_token:.1%})")
                     if args.verify_rows:
-                        verify_s = measure_verify(model, batch, context, rows=args.verify_rows, impl=impl,
-                                                  repeats=args.repeats)
+                        verify = measure_verify(model, batch, context, rows=args.verify_rows, impl=impl,
+                                                repeats=args.repeats)
+                        verify_s = verify.median_s
                         verify_roofline_s = (weights + B.kv_bytes_per_step(model, batch, context)) / bw["bytes_per_s"]
                         row.update(verify_rows=args.verify_rows, verify_ms=verify_s * 1e3,
-                                   verify_roofline_fraction=verify_roofline_s / verify_s)
+                                   verify_roofline_fraction=verify_roofline_s / verify_s,
+                                   verify_timing=verify.as_dict())
                         message += f"; verify {args.verify_rows} rows {verify_s * 1e3:.3f} ms " \
                                    f"({verify_roofline_s / verify_s:.1%})"
                     results.append(row)
@@ -193,7 +196,8 @@ def cmd_spec(args):
             decode = jax.jit(lambda m, s: engine.decode_step(m, s, params=GREEDY, eos_ids=(), impl=args.impl),
                              donate_argnums=1)
             state = _decode_state(target, batch, args.context, capacity, args.impl)
-            decode_s = B.time_steps(lambda s: decode(target, s), state, repeats=args.repeats)[0].median_s
+            decode_timing = B.time_steps(lambda s: decode(target, s), state, repeats=args.repeats)[0]
+            decode_s = decode_timing.median_s
         for k in tqdm(args.k, desc=f"k (batch {batch})"):
             round_fn = jax.jit(
                 lambda t, d, s, k=k: speculative.speculative_round(
@@ -208,6 +212,7 @@ def cmd_spec(args):
             results["rounds"].append(dict(
                 batch=batch, k=k, round_ms=round_s * 1e3, decode_step_ms=decode_s * 1e3,
                 overhead_ratio=round_s / decode_s, **stages,
+                timings=dict(round=timing.as_dict(), decode_step=decode_timing.as_dict()),
             ))
             tqdm.write(f"b={batch} k={k}: round {round_s * 1e3:.3f} ms = {round_s / decode_s:.2f}x decode step "
                        f"({decode_s * 1e3:.3f} ms); stages {stages}")
@@ -229,7 +234,7 @@ def cmd_spec(args):
     out = dict(kind="spec", environment=B.environment(dtype, args.seed), target=args.target,
                drafter=args.drafter, draft=args.draft if args.drafter == "draft-model" else None,
                context=args.context, impl=args.impl, results=results,
-               notes="round/decode times: medians of back-to-back donated jitted calls; stages timed as "
+               notes="round/decode times: medians of back-to-back donated jitted calls (p10/p90 in timings); stages timed as "
                      "separate jitted programs (propose; verify forward of k+1 rows); accept+commit = "
                      "round - propose - verify.")
     B.write_json(args.out, out)
@@ -287,6 +292,8 @@ def _end_to_end(target, drafter, batch, args):
                     None if alpha < 0 else (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1
                 ),
                 spec_tokens_per_s=spec_tps, plain_tokens_per_s=plain_tps, speedup=spec_tps / plain_tps,
+                timings={"spec_1_token": s1.as_dict(), f"spec_{n}_tokens": sn.as_dict(),
+                         "plain_1_token": t1.as_dict(), f"plain_{n}_tokens": tn.as_dict()},
             ))
             tqdm.write(f"b={batch} alpha={alpha} k={k}: {spec_tps:.1f} tok/s vs plain {plain_tps:.1f} "
                        f"({spec_tps / plain_tps:.2f}x), acceptance length {rows[-1]['mean_acceptance_length']:.2f}")

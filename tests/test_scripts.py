@@ -44,7 +44,10 @@ def test_bench_tiny(tmp_path, command):
     if command == "decode":
         assert {r["target"] for r in result["results"]} == {"tiny", "tiny-gemma4"}
         assert "roofline_fraction" in result["results"][0]  # CPU timings of a tiny model are noise
+        assert {"median_ms", "p10_ms", "p90_ms"} <= set(result["results"][0]["timings"]["1_token"])
         assert out.with_suffix(".png").exists()
+    if command == "spec" and result["results"]["rounds"]:  # every timed figure comes with its spread
+        assert {"round", "decode_step"} <= set(result["results"]["rounds"][0]["timings"])
 
 
 def test_bench_eagle_tiny(tmp_path):
