@@ -209,6 +209,8 @@ def cmd_spec(args):
             timing, state = B.time_steps(lambda s: round_fn(target, drafter, s), state, repeats=args.repeats)
             round_s = timing.median_s
             stages = _stage_times(target, drafter, state, k, args) if k in args.stages_k else {}
+            if stages:  # what the round spends beyond its two big stages
+                stages["accept_commit_ms"] = round_s * 1e3 - stages["propose_ms"] - stages["verify_ms"]
             results["rounds"].append(dict(
                 batch=batch, k=k, round_ms=round_s * 1e3, decode_step_ms=decode_s * 1e3,
                 overhead_ratio=round_s / decode_s, **stages,
