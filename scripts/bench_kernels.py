@@ -283,7 +283,7 @@ def _finish_row(row, copy_tb_s):
 def run_decode(args, copy_tb_s=None, save=None):
     from tqdm import tqdm
 
-    from pallas_kernels.decode_attention import _default_config
+    from pallas_kernels.flash_decoding import _default_config
 
     hq, hkv, head_dim = args.heads
     heads = dict(hq=hq, hkv=hkv, head_dim=head_dim)
@@ -332,7 +332,7 @@ def run_qscan(args, copy_tb_s=None):
 def run_sweep(args, copy_tb_s=None):
     from tqdm import tqdm
 
-    from pallas_kernels.decode_attention import _default_config
+    from pallas_kernels.flash_decoding import _default_config
 
     out = []
     shapes = args.sweep_shapes

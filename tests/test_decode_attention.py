@@ -17,7 +17,8 @@ import pytest
 
 from pallas_kernels import decode_attention, decode_attention_reference
 from pallas_kernels._dispatch import warm_up_interpret
-from pallas_kernels.decode_attention import _decode_call, decode_attention_pallas, visibility_mask
+from pallas_kernels.decode_attention import decode_attention_pallas, visibility_mask
+from pallas_kernels.flash_decoding import _decode_call
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -216,7 +217,7 @@ def test_auto_rule_on_gpu():
 @pytest.mark.parametrize("head_dim", [64, 128, 256, 512])
 @pytest.mark.parametrize("rows", [1, 5, 16, 128])
 def test_default_tiling_fits_shared_memory(head_dim, rows):
-    from pallas_kernels.decode_attention import _SMEM_BUDGET, _default_config, _smem_bytes
+    from pallas_kernels.flash_decoding import _SMEM_BUDGET, _default_config, _smem_bytes
 
     block_m = max(16, min(1 << (rows * 8 - 1).bit_length(), 64))
     cfg = _default_config(1, 4, 1, 8192, head_dim, block_m)

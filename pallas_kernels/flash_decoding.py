@@ -1,0 +1,433 @@
+"""The flash-decoding Pallas kernel (Triton backend) behind :func:`pallas_kernels.decode_attention`.
+
+Shapes, the visibility rule and the ``impl`` dispatch: ``pallas_kernels/decode_attention.py``.
+
+Grid ``(num_kv_heads, m_blocks, slots)``; the query heads of one KV head times the query rows are
+folded into the M dimension (row ``r`` = query ``r // group``, head ``r % group``), padded to
+``block_m >= 16``; each program runs an online softmax over its share of the KV blocks. The shares
+come from a work split over the whole batch (:func:`_work_split`, computed in every program from the
+lengths and positions): the blocks each sequence can see (``[lo, hi)`` from ``kv_lengths``,
+positions and window; blocks past the length are never read) are cut into equal chunks, ``batch *
+k_splits`` of them in all, so a ragged batch spends its programs on its long sequences (a static
+split per sequence left the one long row of a ragged batch on few programs: 183 -> 127 us at batch
+8, cuDNN 150-176 us). With one slot per sequence the kernel writes the normalised output itself (a
+single launch), otherwise fp32 partials that a second small Pallas kernel merges (log-sum-exp
+combine, one program per query-head row). The kernel reads q, the lengths and the positions as they
+are (no XLA preparation ops). Masks are explicit (rows past the length may hold anything, NaN
+included); K and V are passed as they are (never copied) when ``max_len`` is a multiple of
+``block_k`` (64; 32 for head_dim 256) and ``head_dim`` a power of two >= 16, and padded to whole
+blocks otherwise. The tree mask travels as per-row bit words (32 tail columns per int32).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels._dispatch import interpret_mode
+
+# Finite so that a fully masked row never produces inf - inf = NaN.
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+_LOG2E = math.log2(math.e)
+# Programs to aim for when choosing k_splits (~2 waves on a 132-SM H100).
+_TARGET_PROGRAMS = 264
+# Shared memory the default tiling may plan for (of 227 KiB on H100/H200; Triton needs headroom).
+# head_dim 512 with 5 query rows x GQA 8 and the head_dim-256 tiling asked for ~256 KiB and failed
+# to launch on an H200.
+_SMEM_BUDGET = 160 * 1024
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _effective_tail_mask(tail_mask, q_positions, window):
+    """tail_mask[b, i, c] & window rule measured between query positions p_i and p_c."""
+    tail = tail_mask.astype(bool)
+    if window is not None:
+        pos = q_positions.astype(jnp.int32)
+        tail &= (pos[:, :, None] - pos[:, None, :]) < window
+    return tail
+
+
+def _block_range(length, pos_min, pos_max, *, block_k, num_q, window, has_tail):
+    """KV blocks ``[lo, hi)`` that queries at positions ``pos_min..pos_max`` can see (elementwise)."""
+    if has_tail:
+        hi = jnp.where(pos_max >= 0, length, 0)
+    else:
+        hi = jnp.minimum(length, pos_max + 1)
+    lo = jnp.zeros_like(length)
+    if window is not None:
+        lo = jnp.maximum(pos_min - window + 1, 0)
+        if has_tail:
+            lo = jnp.minimum(lo, jnp.maximum(length - num_q, 0))
+    return lo // block_k, (hi + block_k - 1) // block_k
+
+
+def _pick(values, index_vec, index):
+    """values[index] for a traced scalar index (a masked sum: Triton has no vector subscript)."""
+    return jnp.sum(jnp.where(index_vec == index, values, 0))
+
+
+def _work_split(len_ref, pos_ref, *, batch, num_q, max_len, block_k, window, has_tail, num_slots):
+    """Share the visible KV blocks of the whole batch out over ``num_slots`` split programs.
+
+    Every split reads ``chunk = ceil(total blocks / num_slots)`` blocks (the last of a sequence
+    fewer), so a ragged batch puts many splits on its long sequences and few on its short ones,
+    and a uniform batch gets ``num_slots / batch`` splits per sequence, as a static split would.
+    Sequence ``b`` owns the slots ``[slot_end[b] - slots[b], slot_end[b])``; in all at most
+    ``num_slots + batch - 1`` slots are used. Computed alike by every program of both kernels
+    from the lengths and positions alone (no XLA preparation op). Returns vectors
+    ``[b_pad]``: lengths, first block, end block, slots, slot_end; and the scalar chunk.
+    """
+    b_pad = max(16, _next_pow2(batch))
+    bvec = jnp.arange(b_pad, dtype=jnp.int32)
+    b_ok = bvec < batch
+    b_idx = jnp.minimum(bvec, batch - 1)
+    lengths = jnp.clip(plgpu.load(len_ref.at[b_idx], mask=b_ok, other=0), 0, max_len)
+    qvec = jnp.arange(max(16, _next_pow2(num_q)), dtype=jnp.int32)
+    ok = b_ok[:, None] & (qvec < num_q)[None, :]
+    pos = plgpu.load(pos_ref.at[b_idx[:, None] * num_q + jnp.minimum(qvec, num_q - 1)[None, :]], mask=ok, other=-1)
+    pos_max = jnp.max(pos, axis=1)
+    pos_min = jnp.min(jnp.where(ok, pos, jnp.iinfo(jnp.int32).max), axis=1)
+    blk_lo, blk_hi = _block_range(lengths, pos_min, pos_max, block_k=block_k, num_q=num_q, window=window,
+                                  has_tail=has_tail)
+    blocks = jnp.where(b_ok, jnp.maximum(blk_hi - blk_lo, 0), 0)
+    chunk = jnp.maximum((jnp.sum(blocks) + num_slots - 1) // num_slots, 1)
+    slots = (blocks + chunk - 1) // chunk
+    slot_end = jnp.sum(jnp.where(bvec[None, :] <= bvec[:, None], slots[None, :], 0), axis=1)  # inclusive cumsum
+    return bvec, lengths, blk_lo, blk_hi, slots, slot_end, chunk
+
+
+def _decode_kernel(
+    len_ref,  # [batch] int32 kv lengths
+    pos_ref,  # [batch * num_q] int32 query positions
+    tail_ref,  # [batch * n_words * num_q] int32 tail-mask bit words, or None
+    q_ref,  # [batch * num_q * num_q_heads * head_dim] flat q
+    k_ref,  # [batch * num_kv_heads, max_len, head_dim] the whole cache
+    v_ref,  # [batch * num_kv_heads, max_len, head_dim]
+    o_ref,  # one slot per sequence: [batch * num_q * num_q_heads * head_dim] final output (q dtype);
+    #         else [num_slot_programs * num_q * num_q_heads * head_dim] fp32 unnormalised partials
+    m_ref,  # [num_slot_programs * num_q * num_q_heads] fp32 running max (log2 units), or None
+    l_ref,  # [num_slot_programs * num_q * num_q_heads] fp32 softmax denominator, or None
+    *,
+    batch: int,
+    block_m: int,
+    block_k: int,
+    num_slots: int,
+    num_q: int,
+    group: int,
+    num_kv_heads: int,
+    max_len: int,
+    qk_scale: float,
+    window: int | None,
+    n_words: int,
+    f32_dots: bool,
+):
+    head_dim = k_ref.shape[-1]
+    num_q_heads = group * num_kv_heads
+    rows = num_q * num_q_heads  # output rows (query, head) per sequence
+    kv_head = pl.program_id(0)
+    slot = pl.program_id(2)
+    split = m_ref is not None
+
+    if split:
+        bvec, lengths, seq_lo, seq_hi, slots, slot_end, chunk = _work_split(
+            len_ref, pos_ref, batch=batch, num_q=num_q, max_len=max_len, block_k=block_k, window=window,
+            has_tail=bool(n_words), num_slots=num_slots,
+        )
+        b = jnp.sum(jnp.where(bvec < batch, (slot_end <= slot).astype(jnp.int32), 0))
+        active = b < batch  # the last few slot programs may have no work
+        b = jnp.minimum(b, batch - 1)
+        first = _pick(seq_lo, bvec, b) + (slot - (_pick(slot_end, bvec, b) - _pick(slots, bvec, b))) * chunk
+        last = jnp.where(active, jnp.minimum(first + chunk, _pick(seq_hi, bvec, b)), first)
+        length = _pick(lengths, bvec, b)
+    else:
+        b = slot
+        first, last = jnp.int32(0), jnp.int32(jnp.iinfo(jnp.int32).max)
+        length = jnp.clip(len_ref[b], 0, max_len)
+
+    # M rows of this program: row r = query r // group, query head kv_head * group + r % group.
+    r = pl.program_id(1) * block_m + jnp.arange(block_m, dtype=jnp.int32)
+    row_ok = r < num_q * group
+    qi = jnp.minimum(r // group, num_q - 1)
+    head_row = qi * num_q_heads + kv_head * group + r % group  # [block_m] index into (num_q, heads)
+    d = jnp.arange(head_dim, dtype=jnp.int32)
+    qo_mask = jnp.broadcast_to(row_ok[:, None], (block_m, head_dim))
+    # Padding rows point past the end of the whole buffer, each to its own place: their stores are
+    # masked on the GPU, and the interpreter (a scatter) drops them instead of racing real rows.
+    out_row = jnp.where(row_ok, (slot if split else b) * rows + head_row, (num_slots + batch) * rows + r)
+    q_offsets = (b * rows + head_row)[:, None] * head_dim + d[None, :]  # [block_m, head_dim]
+
+    pos = plgpu.load(pos_ref.at[b * num_q + qi], mask=row_ok, other=-1)  # padding rows: -1, they see nothing
+    words = [plgpu.load(tail_ref.at[(b * n_words + w) * num_q + qi], mask=row_ok, other=0)[:, None]
+             for w in range(n_words)]
+
+    # This M block's visible blocks, cut to this program's share.
+    tail_start = length - num_q
+    pmin = jnp.min(jnp.where(row_ok, pos, jnp.iinfo(jnp.int32).max))
+    blk_lo, blk_hi = _block_range(length, pmin, jnp.max(pos), block_k=block_k, num_q=num_q, window=window,
+                                  has_tail=bool(n_words))
+    first = jnp.maximum(first, blk_lo)
+    trips = jnp.maximum(jnp.minimum(last, blk_hi) - first, 0)
+
+    def dot(a, b, contract_b):  # [m, k] x b -> [m, n] with fp32 accumulation
+        if f32_dots:  # the CPU interpreter has no bf16 x bf16 -> f32 dot; products are exact in f32
+            a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+        # fp32 operands: HIGHEST = IEEE fp32 in Triton (DEFAULT would be TF32).
+        precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+        return lax.dot_general(
+            a, b, (((1,), (contract_b,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
+        )
+
+    q = plgpu.load(q_ref.at[q_offsets], mask=qo_mask, other=0)
+    qpos = pos[:, None]  # [block_m, 1]
+    iota_k = lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
+    cache = b * num_kv_heads + kv_head
+
+    def visible(j):  # j: [1, block_k] absolute row indices -> bool [block_m, block_k]
+        vis = (j < length) & (j <= qpos)
+        if window is not None:
+            vis &= (qpos - j) < window
+        if n_words:
+            col = j - tail_start
+            bit = jnp.zeros((block_m, block_k), jnp.int32)
+            for w, word in enumerate(words):
+                shift = jnp.broadcast_to(jnp.clip(col - 32 * w, 0, 31), (block_m, block_k))
+                in_word = (col >= 32 * w) & (col < 32 * w + 32)
+                word_bits = lax.shift_right_logical(jnp.broadcast_to(word, (block_m, block_k)), shift) & 1
+                bit |= jnp.where(in_word, word_bits, 0)
+            in_tail = (col >= 0) & (j < length)
+            vis = jnp.where(in_tail, bit != 0, vis)
+        return vis
+
+    def body(t, carry):
+        o, m, l = carry
+        start = pl.multiple_of((first + t) * block_k, block_k)
+        j = start + iota_k
+        k = k_ref[cache, pl.ds(start, block_k), :]
+        vis = visible(j)
+        s = jnp.where(vis, dot(q, k, 1) * qk_scale, _MASK_VALUE)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))
+        corr = jnp.exp2(m - m_new)
+        p = jnp.where(vis, jnp.exp2(s - m_new[:, None]), 0.0)
+        l = l * corr + jnp.sum(p, axis=1)
+        # Rows past the length may be NaN: load them as zeros (0 * NaN would poison o).
+        v_ok = jnp.broadcast_to((j < length).reshape(block_k, 1), (block_k, head_dim))
+        v = plgpu.load(v_ref.at[cache, pl.ds(start, block_k), :], mask=v_ok, other=0)
+        return o * corr[:, None] + dot(p.astype(v.dtype), v, 0), m_new, l
+
+    o = jnp.zeros((block_m, head_dim), jnp.float32)
+    m = jnp.full((block_m,), _MASK_VALUE, jnp.float32)
+    l = jnp.zeros((block_m,), jnp.float32)
+    o, m, l = lax.fori_loop(0, trips, body, (o, m, l))
+    o_offsets = out_row[:, None] * head_dim + d[None, :]
+    if split:
+        plgpu.store(o_ref.at[o_offsets], o, mask=qo_mask)
+        plgpu.store(m_ref.at[out_row], m, mask=row_ok)
+        plgpu.store(l_ref.at[out_row], l, mask=row_ok)
+    else:  # one slot per sequence: normalise and write the final output
+        o = o / jnp.where(l > 0, l, 1.0)[:, None]
+        plgpu.store(o_ref.at[o_offsets], o.astype(o_ref.dtype), mask=qo_mask)
+
+
+def _default_config(batch, num_kv_heads, m_blocks, max_len, head_dim, block_m):
+    """Tuning defaults, from the H200 sweeps recorded in ``benchmarks/decode_attention.json``.
+
+    KV splits: about ``_TARGET_PROGRAMS`` programs in all -- at least that many for 16-row M blocks
+    (power of two rounded up; more splits measured faster at batch 1), at most that many for
+    larger M blocks (rounded down; each program does twice the math) -- with at least 4 KV blocks
+    per split at full length and at most 64 splits. 16-row blocks: block_k 64, 4 warps, 2 stages;
+    larger: 3 stages (1.3x faster than 2 at 5 query rows x GQA 4).
+    """
+    block_k = 64 if head_dim <= 128 else 32 if head_dim <= 256 else 16
+    block_k = max(16, min(block_k, _next_pow2(max_len)))
+    n_blocks = -(-max_len // block_k)
+    base = batch * num_kv_heads * m_blocks
+    if block_m <= 16:
+        k_splits = _next_pow2(-(-_TARGET_PROGRAMS // base))
+    else:
+        k_splits = 1 << max(0, (_TARGET_PROGRAMS // base).bit_length() - 1)
+    k_splits = max(1, min(k_splits, 64, _next_pow2(max(1, n_blocks // 4))))
+    num_warps = 8 if block_m * head_dim >= 64 * 256 else 4
+    num_stages = 2 if block_m <= 16 else 3
+    while num_stages > 1 and _smem_bytes(block_m, block_k, head_dim, num_stages) > _SMEM_BUDGET:
+        num_stages -= 1
+    return dict(block_k=block_k, k_splits=k_splits, num_warps=num_warps, num_stages=num_stages)
+
+
+def _smem_bytes(block_m, block_k, head_dim, num_stages, itemsize=2):
+    """Shared memory a program needs, roughly: pipelined K and V tiles, q, the probabilities."""
+    return num_stages * 2 * block_k * head_dim * itemsize + block_m * head_dim * itemsize + block_m * block_k * 4
+
+
+def _decode_call(
+    q, k, v, kv_lengths, q_positions, tail_mask, window, scale, *, block_m, block_k, k_splits, num_warps, num_stages,
+    interpret,
+):
+    """Run the kernel. k_splits == 1: the output [B * Q * Hq * Dp]; else fp32 partials (o, m, l) per slot.
+
+    Every operand is passed whole (the kernel finds its sequence from the work split) and flat
+    where the kernel gathers rows from it.
+    """
+    batch, num_q, num_q_heads, head_dim = q.shape
+    _, num_kv_heads, max_len, _ = k.shape
+    group = num_q_heads // num_kv_heads
+    m_blocks = -(-(num_q * group) // block_m)
+    d_pad = max(16, _next_pow2(head_dim))
+    s_pad = -(-max_len // block_k) * block_k
+    bh = batch * num_kv_heads
+    rows = num_q * num_q_heads
+
+    qf = q.astype(k.dtype)
+    kk = k.reshape(bh, max_len, head_dim)
+    vv = v.reshape(bh, max_len, head_dim)
+    if d_pad != head_dim:  # a copy: only for odd head dims
+        qf = jnp.pad(qf, ((0, 0), (0, 0), (0, 0), (0, d_pad - head_dim)))
+    if s_pad != max_len or d_pad != head_dim:  # a copy: only for odd cache shapes
+        kk = jnp.pad(kk, ((0, 0), (0, s_pad - max_len), (0, d_pad - head_dim)))
+        vv = jnp.pad(vv, ((0, 0), (0, s_pad - max_len), (0, d_pad - head_dim)))
+
+    n_words = 0
+    args = [kv_lengths.astype(jnp.int32), q_positions.astype(jnp.int32).reshape(batch * num_q)]
+    if tail_mask is not None:  # bit c % 32 of word c // 32 of query i = tail_mask[b, i, c] (+ window)
+        tail = _effective_tail_mask(tail_mask, q_positions, window)  # [B, Q, Q]
+        n_words = -(-num_q // 32)
+        tail = jnp.pad(tail, ((0, 0), (0, 0), (0, 32 * n_words - num_q)))
+        tail = tail.reshape(batch, num_q, n_words, 32).astype(jnp.uint32)
+        bits = jnp.sum(tail << jnp.arange(32, dtype=jnp.uint32), axis=-1, dtype=jnp.uint32)
+        bits = lax.bitcast_convert_type(bits, jnp.int32).transpose(0, 2, 1)  # [B, W, Q]
+        args.append(bits.reshape(batch * n_words * num_q))
+    args += [qf.reshape(batch * rows * d_pad), kk, vv]
+    if k_splits == 1:
+        num_slots = slot_programs = batch
+        out_shape = [jax.ShapeDtypeStruct((batch * rows * d_pad,), q.dtype)]
+    else:
+        num_slots = batch * k_splits
+        slot_programs = num_slots + batch - 1
+        out_shape = [
+            jax.ShapeDtypeStruct((slot_programs * rows * d_pad,), jnp.float32),
+            jax.ShapeDtypeStruct((slot_programs * rows,), jnp.float32),
+            jax.ShapeDtypeStruct((slot_programs * rows,), jnp.float32),
+        ]
+
+    def kernel(*refs):
+        len_ref, pos_ref, *refs = refs
+        tail_ref = refs.pop(0) if n_words else None
+        q_ref, k_ref, v_ref, o_ref, *ml = refs
+        m_ref, l_ref = ml if ml else (None, None)
+        _decode_kernel(
+            len_ref, pos_ref, tail_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref,
+            batch=batch, block_m=block_m, block_k=block_k, num_slots=num_slots, num_q=num_q, group=group,
+            num_kv_heads=num_kv_heads, max_len=max_len, qk_scale=float(scale) * _LOG2E,
+            window=None if window is None else int(window), n_words=n_words, f32_dots=bool(interpret),
+        )
+
+    outs = pl.pallas_call(
+        kernel,
+        grid=(num_kv_heads, m_blocks, slot_programs),
+        out_shape=out_shape,
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="jspec_decode_attention",
+    )(*args)
+    if k_splits == 1:
+        return outs[0].reshape(batch, rows, d_pad)
+    return outs
+
+
+def decode_attention_pallas(
+    q, k, v, kv_lengths, *, q_positions, tail_mask=None, window=None, scale=None,
+    block_m=None, block_k=None, k_splits=None, num_warps=None, num_stages=None, interpret=None,
+):
+    """The Pallas kernel (+ the log-sum-exp combine of its splits); knobs default from the shapes.
+
+    ``k_splits``: split programs per sequence on average (the batch's KV blocks are shared out
+    over ``batch * k_splits`` of them, see :func:`_work_split`); 1 = one program per sequence
+    and KV head, which writes the output itself.
+    """
+    batch, num_q, num_q_heads, head_dim = q.shape
+    _, num_kv_heads, max_len, _ = k.shape
+    rows_m = num_q * (num_q_heads // num_kv_heads)
+    if block_m is None:
+        block_m = max(16, min(_next_pow2(rows_m), 64))
+    d_pad = max(16, _next_pow2(head_dim))
+    cfg = _default_config(batch, num_kv_heads, -(-rows_m // block_m), max_len, d_pad, block_m)
+    block_k = cfg["block_k"] if block_k is None else block_k
+    k_splits = cfg["k_splits"] if k_splits is None else k_splits
+    for name, val in (("block_k", block_k), ("block_m", block_m)):
+        if val < 16 or val & (val - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {val}")
+    if k_splits < 1:
+        raise ValueError(f"k_splits must be >= 1, got {k_splits}")
+    interpret = interpret_mode() if interpret is None else interpret
+    scale = head_dim**-0.5 if scale is None else scale
+    outs = _decode_call(
+        q, k, v, kv_lengths, q_positions, tail_mask, window, scale,
+        block_m=block_m,
+        block_k=block_k,
+        k_splits=k_splits,
+        num_warps=cfg["num_warps"] if num_warps is None else num_warps,
+        num_stages=cfg["num_stages"] if num_stages is None else num_stages,
+        interpret=interpret,
+    )
+    if k_splits == 1:
+        out = outs
+    else:
+        out = _combine_call(
+            *outs, kv_lengths, q_positions, batch=batch, num_q=num_q, rows=num_q * num_q_heads, d_pad=d_pad,
+            max_len=max_len, block_k=block_k, window=window, has_tail=tail_mask is not None,
+            num_slots=batch * k_splits, dtype=q.dtype, interpret=interpret,
+        )
+    return out.reshape(batch, num_q, num_q_heads, d_pad)[..., :head_dim]
+
+
+def _combine_kernel(len_ref, pos_ref, o_ref, m_ref, l_ref, out_ref, *, batch, num_q, rows, d_pad, max_len, block_k,
+                    window, has_tail, num_slots):
+    # Program (b, r) merges the partials of output row r of sequence b: the slots its sequence
+    # owns in the work split (o [d_pad] unnormalised, m running max in log2 units, l denominator
+    # per slot). Splits that saw nothing have m = _MASK_VALUE and l = 0, so they weigh nothing;
+    # a row that saw nothing at all gets 0.
+    b, r = pl.program_id(0), pl.program_id(1)
+    bvec, _, _, _, slots, slot_end, _ = _work_split(
+        len_ref, pos_ref, batch=batch, num_q=num_q, max_len=max_len, block_k=block_k, window=window,
+        has_tail=has_tail, num_slots=num_slots,
+    )
+    owned = _pick(slots, bvec, b)
+    # A sequence owns at most num_slots slots, and at most one per KV block of the cache.
+    s = jnp.arange(_next_pow2(min(num_slots, -(-max_len // block_k))), dtype=jnp.int32)
+    ok = s < owned
+    row = (_pick(slot_end, bvec, b) - owned + jnp.minimum(s, jnp.maximum(owned - 1, 0))) * rows + r
+    d = jnp.arange(d_pad, dtype=jnp.int32)
+    m = plgpu.load(m_ref.at[row], mask=ok, other=_MASK_VALUE)
+    l = plgpu.load(l_ref.at[row], mask=ok, other=0.0)
+    o = plgpu.load(o_ref.at[row[:, None] * d_pad + d[None, :]], mask=jnp.broadcast_to(ok[:, None], (s.size, d_pad)),
+                   other=0.0)
+    corr = jnp.exp2(m - jnp.max(m))
+    total = jnp.sum(l * corr)
+    acc = jnp.sum(o * corr[:, None], axis=0)
+    plgpu.store(out_ref.at[(b * rows + r) * d_pad + d], (acc / jnp.where(total > 0, total, 1.0)).astype(out_ref.dtype))
+
+
+def _combine_call(o, m, l, kv_lengths, q_positions, *, batch, num_q, rows, d_pad, max_len, block_k, window, has_tail,
+                  num_slots, dtype, interpret):
+    """Log-sum-exp combine of the split partials in one launch -> [B, rows, d_pad]."""
+    kernel = functools.partial(
+        _combine_kernel, batch=batch, num_q=num_q, rows=rows, d_pad=d_pad, max_len=max_len, block_k=block_k,
+        window=None if window is None else int(window), has_tail=has_tail, num_slots=num_slots,
+    )
+    out = pl.pallas_call(
+        kernel,
+        grid=(batch, rows),
+        out_shape=jax.ShapeDtypeStruct((batch * rows * d_pad,), dtype),
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+        interpret=interpret,
+        name="jspec_decode_attention_combine",
+    )(kv_lengths.astype(jnp.int32), q_positions.astype(jnp.int32).reshape(batch * num_q), o, m, l)
+    return out.reshape(batch, rows, d_pad)
