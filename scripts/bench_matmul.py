@@ -30,6 +30,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, installed or not
 
 try:
     from tqdm import tqdm
@@ -378,6 +381,8 @@ def jax_main(args):
         save()
     result["wall_s"] = time.time() - t_start
     save()
+    if "measure" not in result:  # --skip-measure: nothing to draw
+        return
     try:
         plot(os.path.join(out_dir, "skinny_matmul.json"))
     except Exception as e:  # noqa: BLE001

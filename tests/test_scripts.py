@@ -1,4 +1,4 @@
-"""Every script runs: --help, and the tiny CPU mode of each benchmark (so they never rot)."""
+"""Every script runs: --help, and the tiny CPU mode of each benchmark script (so they never rot)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,21 @@ def test_bench_eagle_tiny(tmp_path):
     _run(ROOT / "scripts" / "bench_eagle.py", "--tiny", "--batches", "1", "--ks", "2", "--catch-up-ks", "2",
          "--out", out)
     assert json.loads(out.read_text())
+
+
+def test_bench_kernels_check_on_cpu(tmp_path):
+    """The GPU correctness check runs the kernels interpreted on CPU (small cases only)."""
+    out = _run(ROOT / "scripts" / "bench_kernels.py", "check", "--check-max-len", "600", "--out", tmp_path)
+    assert "check: passed=True" in out
+    assert json.loads((tmp_path / "decode_attention_check.json").read_text())["passed"]
+
+
+def test_bench_matmul_smoke(tmp_path):
+    """Correctness and auto routing of the skinny matmul script on CPU (timing is GPU-only)."""
+    _run(ROOT / "scripts" / "bench_matmul.py", "--smoke", "--skip-torch", "--skip-measure", "--shapes", "300x200",
+         "--ms", "1,3", "--sweep-budget", "0", "--out", tmp_path)
+    result = json.loads((tmp_path / "skinny_matmul.json").read_text())
+    assert result["correctness"] and all(case["ok"] for case in result["correctness"])
 
 
 def test_generate_default_model():
