@@ -345,13 +345,18 @@ def run_sweep(args, copy_tb_s=None):
             shape_variants += [dict(block_k=128, num_warps=8, num_stages=2), dict(block_k=128, num_warps=4, num_stages=3),
                                dict(block_k=64, num_warps=8, num_stages=3), dict(block_k=64, num_warps=4, num_stages=2)]
         else:
-            shape_variants += [dict(block_k=32), dict(num_warps=8)]
+            shape_variants += [dict(block_k=32), dict(num_warps=8), dict(num_warps=2), dict(num_stages=3),
+                               dict(block_k=128)]
         jobs += [(batch, num_q, context, kw) for kw in shape_variants]
-    for batch, num_q, context, kw in tqdm(jobs, desc="sweep", file=sys.stdout):
-        row = bench_decode_one(batch, num_q, context, impls=("pallas",), inner=args.inner, repeats=max(3, args.repeats // 2),
-                               kernel_kw=kw)
-        row["kernel_kw"] = kw
-        out.append(_finish_row(row, copy_tb_s))
+    # Rounds interleave every variant of every shape, so drift on a shared GPU hits all of them alike;
+    # the default variant also times cuDNN in each round, as the yardstick.
+    for round_index in range(args.sweep_rounds):
+        for batch, num_q, context, kw in tqdm(jobs, desc=f"sweep round {round_index + 1}", file=sys.stdout):
+            impls = ("pallas",) if kw else ("pallas", "cudnn")
+            row = bench_decode_one(batch, num_q, context, impls=impls, inner=args.inner,
+                                   repeats=max(3, args.repeats // 2), kernel_kw=kw)
+            row.update(kernel_kw=kw, round=round_index)
+            out.append(_finish_row(row, copy_tb_s))
     return out
 
 
@@ -473,6 +478,7 @@ def _add_decode(p):
     p.add_argument("--ragged", type=lambda s: [tuple(_ints(t.replace("x", ","))) for t in s.split(";") if t],
                    default=[(8, 32768), (32, 8192)], help="ragged batches 'BxMAXLEN;...' (lengths uniform in 1..max)")
     p.add_argument("--no-sweep", action="store_true", help="skip the tuning sweep (block_k, warps, stages, splits)")
+    p.add_argument("--sweep-rounds", type=int, default=1, help="interleaved rounds of the sweep (default 1)")
     p.add_argument("--sweep-shapes", type=lambda s: [tuple(_ints(t.replace("x", ","))) for t in s.split(";") if t],
                    default=[(1, 1, 131072), (8, 5, 32768), (32, 1, 8192)], help="'BATCHxQUERIESxCONTEXT;...'")
     p.add_argument("--check-max-len", type=int, default=None, help="check: skip cases with a longer cache")
