@@ -262,6 +262,15 @@ def _default_config(batch, num_kv_heads, m_blocks, max_len, head_dim, block_m):
     return dict(block_k=block_k, k_splits=k_splits, num_warps=num_warps, num_stages=num_stages)
 
 
+def default_config(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim):
+    """The tiling ``decode_attention_pallas`` uses for these shapes: ``_default_config`` plus
+    ``block_m`` (query rows x GQA group, padded to a power of two in 16..64)."""
+    rows_m = num_q * (num_q_heads // num_kv_heads)
+    block_m = max(16, min(_next_pow2(rows_m), 64))
+    d_pad = max(16, _next_pow2(head_dim))
+    return dict(_default_config(batch, num_kv_heads, -(-rows_m // block_m), max_len, d_pad, block_m), block_m=block_m)
+
+
 def _smem_bytes(block_m, block_k, head_dim, num_stages, itemsize=2):
     """Shared memory a program needs, roughly: pipelined K and V tiles, q, the probabilities."""
     return num_stages * 2 * block_k * head_dim * itemsize + block_m * head_dim * itemsize + block_m * block_k * 4
@@ -354,11 +363,13 @@ def decode_attention_pallas(
     """
     batch, num_q, num_q_heads, head_dim = q.shape
     _, num_kv_heads, max_len, _ = k.shape
-    rows_m = num_q * (num_q_heads // num_kv_heads)
-    if block_m is None:
-        block_m = max(16, min(_next_pow2(rows_m), 64))
     d_pad = max(16, _next_pow2(head_dim))
-    cfg = _default_config(batch, num_kv_heads, -(-rows_m // block_m), max_len, d_pad, block_m)
+    if block_m is None:
+        cfg = default_config(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim)
+        block_m = cfg["block_m"]
+    else:
+        rows_m = num_q * (num_q_heads // num_kv_heads)
+        cfg = _default_config(batch, num_kv_heads, -(-rows_m // block_m), max_len, d_pad, block_m)
     block_k = cfg["block_k"] if block_k is None else block_k
     k_splits = cfg["k_splits"] if k_splits is None else k_splits
     for name, val in (("block_k", block_k), ("block_m", block_m)):

@@ -283,7 +283,7 @@ def _finish_row(row, copy_tb_s):
 def run_decode(args, copy_tb_s=None, save=None):
     from tqdm import tqdm
 
-    from pallas_kernels.flash_decoding import _default_config
+    from pallas_kernels.flash_decoding import default_config
 
     hq, hkv, head_dim = args.heads
     heads = dict(hq=hq, hkv=hkv, head_dim=head_dim)
@@ -296,9 +296,7 @@ def run_decode(args, copy_tb_s=None, save=None):
         if 2 * kv_row_bytes * batch * context <= args.max_kv_gb * 1e9:  # room for cuDNN's copy
             impls.append("cudnn")
         row = bench_decode_one(batch, num_q, context, impls=impls, inner=args.inner, repeats=args.repeats, **heads)
-        rows_m = num_q * (hq // hkv)
-        row["config"] = _default_config(batch, hkv, -(-rows_m // 64), context, head_dim,
-                                        max(16, min(64, 1 << (rows_m - 1).bit_length())))
+        row["config"] = default_config(batch, num_q, hq, hkv, context, head_dim)
         rows.append(_finish_row(row, copy_tb_s))
         if save:
             save(rows, [])
@@ -332,13 +330,13 @@ def run_qscan(args, copy_tb_s=None):
 def run_sweep(args, copy_tb_s=None):
     from tqdm import tqdm
 
-    from pallas_kernels.flash_decoding import _default_config
+    from pallas_kernels.flash_decoding import default_config
 
     out = []
     shapes = args.sweep_shapes
     jobs = []
     for batch, num_q, context in shapes:
-        default = _default_config(batch, 8, 1, context, 128, 16 if num_q == 1 else 32)
+        default = default_config(batch, num_q, 32, 8, context, 128)
         splits = [default["k_splits"] // 2, default["k_splits"] * 2]
         shape_variants = [{}] + [dict(k_splits=s) for s in splits if s >= 1]
         if num_q > 1:
