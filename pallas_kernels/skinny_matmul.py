@@ -34,7 +34,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -63,9 +62,6 @@ class SkinnyConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
-    # > 0: a stream-K grid of ``stream_k`` programs per SM instead of (N tiles, split_k) (split_k
-    # is then unused): the (N tile, K step) work units are dealt out evenly, see ``_stream_k``.
-    stream_k: int = 0
 
 
 # Tilings from the sweeps (H200, jax 0.11.2; ``benchmarks/skinny_matmul_sweep.json`` for the
@@ -181,10 +177,6 @@ def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool):
     while num_stages > 1 and (num_stages * (block_k * block_n + block_m * block_k)
                               * itemsize > _SMEM_LIMIT):
         num_stages -= 1
-    if cfg.stream_k:
-        return _stream_k(x, w, block_m=block_m, block_k=block_k, block_n=block_n,
-                         programs_per_sm=cfg.stream_k, num_warps=cfg.num_warps,
-                         num_stages=num_stages, interpret=interpret)
     steps = pl.cdiv(pl.cdiv(k, split_k), block_k)
     k_per_split = steps * block_k
     split_k = pl.cdiv(k, k_per_split)  # drop splits that would be empty
@@ -221,95 +213,6 @@ def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool):
     if split_k > 1:
         out = out.sum(axis=0).astype(x.dtype)
     return out
-
-
-def _num_sms() -> int:
-    return getattr(jax.devices()[0], "core_count", None) or _NUM_SMS
-
-
-def _stream_k_kernel(x_ref, w_ref, o_ref, *, m, k, n, block_m, block_k, block_n, k_steps, units,
-                     programs, mask_m, mask_k, mask_n, compute_dtype, precision):
-    # x_ref: [block_m, k_steps * block_k]          (the whole x, padded by the block)
-    # w_ref: [k_steps * block_k, tiles * block_n]  (the whole w, padded by the block)
-    # o_ref: [max_tiles, block_m, block_n]         this program's fp32 partial sums, one per tile
-    p = pl.program_id(0)
-    start = p * units // programs
-    end = (p + 1) * units // programs
-    first_tile = start // k_steps
-    row_ok = (jnp.arange(block_m) < m) if mask_m else None
-
-    def body(unit, acc):
-        tile = unit // k_steps
-        step = unit - tile * k_steps
-        kk = pl.multiple_of(step * block_k, block_k)
-        nn = pl.multiple_of(tile * block_n, block_n)
-        k_ok = (kk + jnp.arange(block_k) < k) if mask_k else None
-        col_ok = (nn + jnp.arange(block_n) < n) if mask_n else None
-        xb = _load(x_ref.at[:, pl.ds(kk, block_k)], _and2d(row_ok, k_ok))
-        wb = _load(w_ref.at[pl.ds(kk, block_k), pl.ds(nn, block_n)], _and2d(k_ok, col_ok))
-        acc = acc + jnp.dot(xb.astype(compute_dtype), wb.astype(compute_dtype),
-                            precision=precision, preferred_element_type=jnp.float32)
-        tile_done = (step == k_steps - 1) | (unit == end - 1)
-
-        @pl.when(tile_done)
-        def _():
-            plgpu.store(o_ref.at[tile - first_tile], acc, mask=_and2d(row_ok, None))
-
-        return jnp.where(tile_done, 0.0, acc)
-
-    jax.lax.fori_loop(start, end, body, jnp.zeros((block_m, block_n), jnp.float32))
-
-
-def _stream_k(x, w, *, block_m, block_k, block_n, programs_per_sm, num_warps, num_stages,
-              interpret):
-    """Stream-K: the ``tiles * k_steps`` (N tile, K step) units, tile-major, are cut into one
-    contiguous, equal range per program, ``programs_per_sm`` programs per SM. Every program is
-    resident at once and does the same work, so no wave of programs runs half empty; the cost
-    is that a tile whose K range two programs share is summed afterwards. Each program writes
-    one fp32 partial per tile it touches; one XLA gather-sum, from a table fixed at trace time,
-    adds each tile's partials up."""
-    m, k = x.shape
-    n = w.shape[1]
-    tiles, k_steps = pl.cdiv(n, block_n), pl.cdiv(k, block_k)
-    units = tiles * k_steps
-    programs = min(units, programs_per_sm * _num_sms())
-    starts = [p * units // programs for p in range(programs + 1)]
-    spans = [(starts[p] // k_steps, (starts[p + 1] - 1) // k_steps) for p in range(programs)]
-    max_tiles = max(last - first + 1 for first, last in spans)
-    contributors = [[] for _ in range(tiles)]  # tile -> flat partial slots (program, local tile)
-    for p, (first, last) in enumerate(spans):
-        for t in range(first, last + 1):
-            contributors[t].append(p * max_tiles + t - first)
-    width = max(map(len, contributors))
-    slots = np.zeros((tiles, width), np.int32)
-    used = np.zeros((tiles, width), bool)
-    for t, c in enumerate(contributors):
-        slots[t, :len(c)], used[t, :len(c)] = c, True
-
-    compute_dtype = jnp.promote_types(x.dtype, w.dtype)
-    precision = (jax.lax.Precision.HIGHEST if compute_dtype == jnp.float32
-                 else jax.lax.Precision.DEFAULT)
-    kernel = functools.partial(
-        _stream_k_kernel, m=m, k=k, n=n, block_m=block_m, block_k=block_k, block_n=block_n,
-        k_steps=k_steps, units=units, programs=programs, mask_m=block_m != m,
-        mask_k=k % block_k != 0, mask_n=n % block_n != 0, compute_dtype=compute_dtype,
-        precision=precision)
-    partials = pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((programs, max_tiles, m, block_n), jnp.float32),
-        grid=(programs,),
-        in_specs=[pl.BlockSpec((block_m, k_steps * block_k), lambda p: (0, 0)),
-                  pl.BlockSpec((k_steps * block_k, tiles * block_n), lambda p: (0, 0))],
-        out_specs=pl.BlockSpec((None, max_tiles, block_m, block_n), lambda p: (p, 0, 0, 0)),
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="skinny_matmul_stream_k",
-    )(x, w)
-    # Slots no program wrote hold garbage (possibly NaN): select, never multiply by a mask.
-    gathered = partials.reshape(programs * max_tiles, m, block_n)[slots]  # [tiles, width, m, bn]
-    per_tile = jnp.where(used[:, :, None, None], gathered, 0.0).sum(axis=1)  # [tiles, m, bn]
-    out = per_tile.transpose(1, 0, 2).reshape(m, tiles * block_n)[:, :n]
-    return out.astype(x.dtype)
 
 
 def skinny_matmul_pallas(x, w, *, config: SkinnyConfig | None = None, interpret=None):
