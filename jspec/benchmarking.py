@@ -177,6 +177,38 @@ def time_steps(step: Callable, state, *, warmup: int = 3, repeats: int = 10, cal
     return Timing(statistics.median(samples), float(q[0]), float(q[1]), repeats), state
 
 
+def gpu_kernel_times(fn: Callable[[], object], *, warmup: int = 2,
+                     flush_l2_bytes: int = 0) -> list[tuple[str, float]]:
+    """``(kernel name, seconds)`` of every GPU kernel that one call of ``fn()`` runs.
+
+    The times come from the profiler (CUPTI): each kernel's own time on the GPU, without host
+    dispatch or the gaps between kernels, the same quantity torch's profiler and Nsight report, so
+    a kernel can be compared with a peer's kernel regardless of how either framework launches it.
+    ``flush_l2_bytes``: rewrite a buffer that large just before the traced call, so that inputs the
+    warm-up left in the L2 cache are read from memory again (a cold call). Empty off a GPU.
+    """
+    import tempfile
+
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    if flush_l2_bytes:
+        jax.block_until_ready(jnp.zeros((flush_l2_bytes // 4,), jnp.float32) + 1.0)
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir):
+            jax.block_until_ready(fn())
+        data = jax.profiler.ProfileData.from_file(str(next(Path(trace_dir).rglob("*.xplane.pb"))))
+    kernels = []
+    for plane in data.planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            if not line.name.startswith("Stream"):  # "XLA Ops" / "XLA Modules" repeat the kernels
+                continue
+            kernels += [(event.name, event.duration_ns * 1e-9) for event in line.events
+                        if not event.name.startswith(("Memcpy", "Memset"))]
+    return kernels
+
+
 def copy_bandwidth(num_bytes: int = 2 << 30) -> dict:
     """Device copy bandwidth (bytes read + written per second), best of the methods available.
 

@@ -13,7 +13,13 @@ One run does, in order:
 
 Timing: each jitted program multiplies distinct (x_i, w_i) pairs (enough weights to
 exceed the L2 cache, and no shared operand that XLA could merge), dispatched many times
-back to back; the figure is the median over trials of time / (calls * matmuls).
+back to back; the figure is the median over trials of time / (calls * matmuls). That wall
+time includes what each framework pays between kernels (XLA's launches, torch's CUDA-graph
+replay), so every row also records the **GPU time** of the kernels themselves, from the
+profiler (CUPTI) on both sides (``device_*`` in JAX, ``*_device`` for torch): the quantity
+that compares one kernel with another. ``device_kernel`` includes the split-K sum that XLA
+runs after the kernel (in a model that sum fuses into the next op); ``device_kernel_alone``
+is the Pallas kernel only.
 
 Usage (GPU):   PYTHONPATH=. python scripts/bench_matmul.py --out $OUT
 Plot only:     python scripts/bench_matmul.py --plot-only benchmarks/skinny_matmul.json
@@ -22,6 +28,7 @@ Plot only:     python scripts/bench_matmul.py --plot-only benchmarks/skinny_matm
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -111,20 +118,32 @@ def run_torch(args):
         del outs, g
         return statistics.median(trials)
 
+    def device_time(fn_list):
+        """GPU seconds per call of the kernels one pass of fn_list runs (profiler, as in JAX)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        for f in fn_list:
+            f()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for f in fn_list:
+                f()
+            torch.cuda.synchronize()
+        return sum(e.self_device_time_total for e in prof.key_averages()) * 1e-6 / len(fn_list)
+
     plan = [(k, n, parse_ints(args.ms)) for k, n in parse_shapes(args.shapes)]
     plan += [(k, n, parse_ints(args.extra_ms)) for k, n in parse_shapes(args.extra_shapes)]
+    res["linear_device"], res["matmul_kn_device"] = {}, {}
     for k, n, mlist in plan:
         nw = n_weights(k, n, args.target_bytes)
         ws = [torch.randn(n, k, dtype=torch.bfloat16, device=dev) for _ in range(nw)]
         wkn = [torch.randn(k, n, dtype=torch.bfloat16, device=dev) for _ in range(nw)]
         for m in mlist:
             xs = [torch.randn(m, k, dtype=torch.bfloat16, device=dev) for _ in range(nw)]
-            t = time_graph([lambda x=x, w=w: F.linear(x, w) for x, w in zip(xs, ws)],
-                           args.calls)
-            res["linear"][f"{k}x{n}/{m}"] = k * n * 2 / t / 1e12
-            t = time_graph([lambda x=x, w=w: torch.matmul(x, w) for x, w in zip(xs, wkn)],
-                           args.calls)
-            res["matmul_kn"][f"{k}x{n}/{m}"] = k * n * 2 / t / 1e12
+            for name, fns in (("linear", [lambda x=x, w=w: F.linear(x, w) for x, w in zip(xs, ws)]),
+                              ("matmul_kn", [lambda x=x, w=w: torch.matmul(x, w) for x, w in zip(xs, wkn)])):
+                res[name][f"{k}x{n}/{m}"] = k * n * 2 / time_graph(fns, args.calls) / 1e12
+                res[f"{name}_device"][f"{k}x{n}/{m}"] = k * n * 2 / device_time(fns) / 1e12
         del ws, wkn
         torch.cuda.empty_cache()
     with open(args.torch_json, "w") as f:
@@ -141,6 +160,8 @@ def jax_main(args):
     import jax.numpy as jnp
 
     import importlib
+
+    from jspec.benchmarking import gpu_kernel_times
 
     sm = importlib.import_module("pallas_kernels.skinny_matmul")  # the module, not the fn
 
@@ -251,9 +272,17 @@ def jax_main(args):
         jax.block_until_ready((ws, xs))
         return xs, ws
 
+    programs = {}
+
+    def program(fn):
+        """One jitted program per matmul function, shared by the wall and the GPU timing."""
+        if fn not in programs:
+            programs[fn] = jax.jit(lambda xs, ws: [fn(x, w) for x, w in zip(xs, ws)])
+        return programs[fn]
+
     def time_fn(fn, xs, ws, calls=None):
         calls = calls or args.calls
-        f = jax.jit(lambda xs, ws: [fn(x, w) for x, w in zip(xs, ws)])
+        f = program(fn)
         jax.block_until_ready(f(xs, ws))
         jax.block_until_ready(f(xs, ws))
         trials = []
@@ -267,6 +296,17 @@ def jax_main(args):
 
     def bw(k, n, t):
         return k * n * 2 / t / 1e12
+
+    def device_bw(fn, xs, ws):
+        """Weight TB/s from the GPU time of all the kernels of one matmul (profiler), and from the
+        Pallas kernel's own time alone (without the split-K sum that XLA runs after it)."""
+        kernels = gpu_kernel_times(functools.partial(program(fn), xs, ws))
+        if not kernels:
+            return None, None
+        k, n = ws[0].shape
+        total = sum(t for _, t in kernels) / len(ws)
+        own = sum(t for name, t in kernels if "skinny_matmul" in name) / len(ws)
+        return bw(k, n, total), (bw(k, n, own) if own else None)
 
     def kernel_fn(cfg):
         return lambda x, w: sm.skinny_matmul_pallas(x, w, config=cfg)
@@ -361,12 +401,17 @@ def jax_main(args):
             if time.time() > t_start + args.deadline:
                 print("deadline reached, measurement cut short", flush=True)
                 break
+            programs.clear()  # new shapes: drop the compiled programs of the last ones
             xs, ws = make_inputs(k, n, m, nw, 2)
             rec = {"n_weights": nw}
             rec["xla"] = bw(k, n, time_fn(sm.skinny_matmul_reference, xs, ws))
             cfg = sm.default_config(m, k, n)
-            rec["kernel_default"] = bw(k, n, time_fn(kernel_fn(cfg), xs, ws))
+            kernel = kernel_fn(cfg)
+            rec["kernel_default"] = bw(k, n, time_fn(kernel, xs, ws))
             rec["default_config"] = repr(cfg)
+            if args.device_time:
+                rec["device_xla"], _ = device_bw(sm.skinny_matmul_reference, xs, ws)
+                rec["device_kernel"], rec["device_kernel_alone"] = device_bw(kernel, xs, ws)
             tc = tuned_config(m, k, n)
             if tc is not None and tc != cfg:
                 rec["kernel_tuned"] = bw(k, n, time_fn(kernel_fn(tc), xs, ws))
@@ -403,9 +448,11 @@ def plot(json_path, png_path=None):
     ms = parse_ints(res["ms"])
     torch_res = res.get("torch", {})
     copy_bw = torch_res.get("copy_bw_TBs")
-    fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.8), sharey=True)
-    axes = list(axes) if len(shapes) > 1 else [axes]
-    for ax, (k, n) in zip(axes, shapes):
+    has_device = any("device_kernel" in rec for rec in meas.values())
+    rows = 2 if has_device else 1
+    fig, axes = plt.subplots(rows, len(shapes), figsize=(4.2 * len(shapes), 3.8 * rows),
+                             sharey=True, squeeze=False)
+    for col, (k, n) in enumerate(shapes):
         def series(name, src=None):
             src = meas if src is None else src
             return [(src.get(f"{k}x{n}/{m}") or {}).get(name) if src is meas
@@ -419,27 +466,40 @@ def plot(json_path, png_path=None):
                      for m in ms]
             lines.append(("kernel (best swept)", tuned, "^:"))
         if torch_res:
-            lines.append(("torch F.linear", series(None, torch_res["linear"]), "d-."))
-        for label, ys, style in lines:
-            pts = [(m, y) for m, y in zip(ms, ys) if y]
-            if pts:
-                ax.plot(*zip(*pts), style, label=label)
-        if copy_bw:
-            ax.axhline(copy_bw, color="k", lw=0.8, label=f"copy_ {copy_bw:.2f}")
-            ax.axhline(0.85 * copy_bw, color="gray", lw=0.8, ls=":", label="85% copy")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ms)
-        ax.set_xticklabels([str(m) for m in ms])
-        ax.set_title(f"K={k}, N={n}")
-        ax.set_xlabel("M (rows)")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("weight TB/s")
-    axes[-1].legend(fontsize=7, loc="lower left")
+            lines.append(("torch F.linear (CUDA graph)", series(None, torch_res["linear"]), "d-."))
+        _draw(axes[0][col], lines, ms, copy_bw, f"K={k}, N={n}: wall time")
+        if has_device:
+            lines = [("kernel + split-K sum", series("device_kernel"), "o-"),
+                     ("kernel alone", series("device_kernel_alone"), "o:"),
+                     ("XLA dot", series("device_xla"), "s--")]
+            if "linear_device" in torch_res:
+                lines += [("torch F.linear [N,K]", series(None, torch_res["linear_device"]), "d-."),
+                          ("torch matmul [K,N]", series(None, torch_res["matmul_kn_device"]), "v-.")]
+            _draw(axes[1][col], lines, ms, copy_bw, f"K={k}, N={n}: GPU time of the kernels")
+    for row in axes:
+        row[0].set_ylabel("weight TB/s")
+        row[-1].legend(fontsize=7, loc="lower left")
     fig.suptitle(f"skinny matmul, bf16, {res['device']}, jax {res['jax_version']}")
     fig.tight_layout()
     png_path = png_path or os.path.splitext(json_path)[0] + ".png"
     fig.savefig(png_path, dpi=110)
     print("wrote", png_path)
+
+
+def _draw(ax, lines, ms, copy_bw, title):
+    for label, ys, style in lines:
+        pts = [(m, y) for m, y in zip(ms, ys) if y]
+        if pts:
+            ax.plot(*zip(*pts), style, label=label)
+    if copy_bw:
+        ax.axhline(copy_bw, color="k", lw=0.8, label=f"copy_ {copy_bw:.2f}")
+        ax.axhline(0.85 * copy_bw, color="gray", lw=0.8, ls=":", label="85% copy")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ms)
+    ax.set_xticklabels([str(m) for m in ms])
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("M (rows)")
+    ax.grid(alpha=0.3)
 
 
 def main():
@@ -470,6 +530,8 @@ def main():
     ap.add_argument("--deadline", type=float, default=1e9,
                     help="seconds after start when the measurement stops (partial JSON)")
     ap.add_argument("--skip-torch", action="store_true")
+    ap.add_argument("--no-device-time", dest="device_time", action="store_false",
+                    help="skip the profiler's per-kernel GPU times (JAX and torch)")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU smoke test of this script (interpret mode; use tiny --shapes)")
     ap.add_argument("--torch-only", action="store_true", help=argparse.SUPPRESS)

@@ -75,3 +75,11 @@ def test_bench_matmul_smoke(tmp_path):
 def test_generate_default_model():
     out = _run(ROOT / "scripts" / "generate.py", "--max-new-tokens", "8", "--drafter", "ngram")
     assert "identical to plain decoding" in out
+
+
+def test_gpu_kernel_times_is_empty_off_a_gpu():
+    import jax.numpy as jnp
+
+    from jspec.benchmarking import gpu_kernel_times
+
+    assert gpu_kernel_times(lambda: jnp.ones(3) + 1, flush_l2_bytes=1 << 10) == []
