@@ -25,6 +25,7 @@ Reproduce the recorded numbers (GPU machine, from the repository root):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -225,9 +226,13 @@ def _attn_inputs(batch, num_q, hq, hkv, max_len, head_dim, lengths, seed=0):
 
 
 def bench_decode_one(batch, num_q, context, *, hq=32, hkv=8, head_dim=128, lengths=None, impls=("pallas", "xla", "cudnn"),
-                     inner=10, repeats=10, kernel_kw=None):
+                     inner=10, repeats=10, kernel_kw=None, device_time=True):
+    """Wall time per call (``ms``, ``inner`` chained calls per dispatch) and, with ``device_time``,
+    the summed GPU time of the kernels of one call (``device_ms``, from the profiler)."""
     import jax
     import jax.numpy as jnp
+
+    from jspec.benchmarking import gpu_kernel_times
 
     from pallas_kernels.decode_attention import decode_attention_pallas, decode_attention_reference
 
@@ -236,47 +241,44 @@ def bench_decode_one(batch, num_q, context, *, hq=32, hkv=8, head_dim=128, lengt
     kv_bytes = 2 * hkv * head_dim * 2 * int(sum(lengths))
     row = dict(batch=batch, num_q=num_q, max_len=context, mean_length=float(np.mean(lengths)), kv_bytes=kv_bytes, ms={})
     kernel_kw = kernel_kw or {}
+    # cuDNN gets its own layout [B, S, Hkv, D], transposed outside the timed region. Non-causal
+    # with key lengths: for num_q > 1 it skips the causal rule among the last num_q rows.
+    steps = {
+        "pallas": (lambda c, k, v, l, p: decode_attention_pallas(c, k, v, l, q_positions=p, **kernel_kw), (k, v, lens, pos)),
+        "xla": (lambda c, k, v, l, p: decode_attention_reference(c, k, v, l, q_positions=p), (k, v, lens, pos)),
+        "cudnn": (lambda c, k, v, l: jax.nn.dot_product_attention(c, k, v, key_value_seq_lengths=l, implementation="cudnn"),
+                  (jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), lens) if "cudnn" in impls else ()),
+    }
+    row["device_ms"] = {}
     for impl in impls:
+        step, args = steps[impl]
         try:
-            if impl == "pallas":
-                t = time_chained(
-                    lambda c, k, v, l, p: decode_attention_pallas(c, k, v, l, q_positions=p, **kernel_kw), q, k, v, lens, pos,
-                    inner=inner, repeats=repeats,
-                )
-            elif impl == "xla":
-                t = time_chained(
-                    lambda c, k, v, l, p: decode_attention_reference(c, k, v, l, q_positions=p), q, k, v, lens, pos,
-                    inner=inner, repeats=repeats,
-                )
-            elif impl == "cudnn":
-                # cuDNN's layout [B, S, Hkv, D], transposed outside the timed region. Non-causal with
-                # key lengths: for num_q > 1 it skips the causal rule among the last num_q rows.
-                kt, vt = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
-                t = time_chained(
-                    lambda c, k, v, l: jax.nn.dot_product_attention(
-                        c, k, v, key_value_seq_lengths=l, implementation="cudnn"
-                    ),
-                    q, kt, vt, lens, inner=inner, repeats=repeats,
-                )
-                del kt, vt
-            else:
-                raise ValueError(impl)
-            row["ms"][impl] = t * 1e3
+            row["ms"][impl] = time_chained(step, q, *args, inner=inner, repeats=repeats) * 1e3
+            if device_time:
+                one_call = functools.partial(jax.jit(step), q, *args)
+                kernels = gpu_kernel_times(one_call, flush_l2_bytes=256 << 20)
+                row["device_ms"][impl] = sum(t for _, t in kernels) * 1e3 if kernels else None
         except Exception as exc:  # noqa: BLE001 - e.g. cuDNN refusing a shape
             row["ms"][impl] = None
             row.setdefault("errors", {})[impl] = f"{type(exc).__name__}: {str(exc)[:300]}"
-    del q, k, v
+    del steps, args, q, k, v  # the cuDNN-layout copies go with them
     return row
 
 
 def _finish_row(row, copy_tb_s):
-    row["tb_s"] = {i: (row["kv_bytes"] / (t * 1e-3) / 1e12 if t else None) for i, t in row["ms"].items()}
-    if copy_tb_s:
-        row["frac_of_copy"] = {i: (b / copy_tb_s if b else None) for i, b in row["tb_s"].items()}
-    p = row["ms"].get("pallas")
-    for other in ("xla", "cudnn"):
-        o = row["ms"].get(other)
-        row[f"speedup_vs_{other}"] = (o / p) if (p and o) else None
+    """Bandwidth, fraction of copy and speed-ups, from the wall times (``ms``) and, where
+    measured, from the kernels' GPU times (``device_ms`` -> ``device_*``)."""
+    for src, prefix in (("ms", ""), ("device_ms", "device_")):
+        times = row.get(src) or {}
+        if not any(times.values()):
+            continue
+        row[f"{prefix}tb_s"] = {i: (row["kv_bytes"] / (t * 1e-3) / 1e12 if t else None) for i, t in times.items()}
+        if copy_tb_s:
+            row[f"{prefix}frac_of_copy"] = {i: (b / copy_tb_s if b else None) for i, b in row[f"{prefix}tb_s"].items()}
+        p = times.get("pallas")
+        for other in ("xla", "cudnn"):
+            o = times.get(other)
+            row[f"{prefix}speedup_vs_{other}"] = (o / p) if (p and o) else None
     return row
 
 
@@ -343,8 +345,9 @@ def run_sweep(args, copy_tb_s=None):
             shape_variants += [dict(block_k=128, num_warps=8, num_stages=2), dict(block_k=128, num_warps=4, num_stages=3),
                                dict(block_k=64, num_warps=8, num_stages=3), dict(block_k=64, num_warps=4, num_stages=2)]
         else:
-            shape_variants += [dict(block_k=32), dict(num_warps=8), dict(num_warps=2), dict(num_stages=3),
-                               dict(block_k=128)]
+            shape_variants += [dict(k_splits=default["k_splits"] + 1), dict(block_k=32), dict(num_warps=8),
+                               dict(num_warps=2), dict(num_stages=3), dict(block_k=128),
+                               dict(block_k=128, num_warps=8), dict(num_stages=3, k_splits=default["k_splits"] * 2)]
         jobs += [(batch, num_q, context, kw) for kw in shape_variants]
     # Rounds interleave every variant of every shape, so drift on a shared GPU hits all of them alike;
     # the default variant also times cuDNN in each round, as the yardstick.
@@ -410,11 +413,13 @@ def plot_decode(data, png):
         for bi, batch in enumerate(batches):
             ax = axes[qi][bi]
             sel = sorted((r for r in rows if r["num_q"] == num_q and r["batch"] == batch), key=lambda r: r["max_len"])
-            for impl, style in (("pallas", "o-"), ("xla", "s--"), ("cudnn", "^:")):
-                pts = [(r["max_len"], r["tb_s"].get(impl)) for r in sel if r["tb_s"].get(impl)]
-                if pts:
-                    ax.plot(*zip(*pts), style, label={"pallas": "Pallas kernel", "xla": "jnp reference",
-                                                      "cudnn": "cuDNN dot_product_attention"}[impl])
+            names = {"pallas": "Pallas kernel", "xla": "jnp reference", "cudnn": "cuDNN dot_product_attention"}
+            for color, (impl, style) in enumerate((("pallas", "o-"), ("xla", "s--"), ("cudnn", "^:"))):
+                # filled: wall time of chained calls; hollow, thin: the kernels' GPU time (profiler)
+                for key, extra, suffix in (("tb_s", {}, ""), ("device_tb_s", dict(mfc="none", lw=0.8), ", GPU time")):
+                    pts = [(r["max_len"], r[key].get(impl)) for r in sel if r.get(key, {}).get(impl)]
+                    if pts:
+                        ax.plot(*zip(*pts), style, color=f"C{color}", label=names[impl] + suffix, **extra)
             if copy:
                 ax.axhline(copy, color="gray", lw=0.8, label=f"copy {copy:.2f} TB/s")
                 ax.axhline(0.8 * copy, color="gray", lw=0.8, ls=":", label="80% of copy")
@@ -537,7 +542,8 @@ def main(argv=None):
         args.out.mkdir(parents=True, exist_ok=True)
         data = dict(
             info=info, copy_bandwidth=copy, shape=dict(num_q_heads=args.heads[0], num_kv_heads=args.heads[1], head_dim=args.heads[2], dtype="bfloat16"),
-            method=f"median of {args.repeats} runs of a jit with {args.inner} chained calls, divided by {args.inner}",
+            method=f"ms: median of {args.repeats} runs of a jit with {args.inner} chained calls, divided by {args.inner}; "
+                   "device_ms: GPU time of the kernels of one call after an L2 flush (profiler)",
             rows=[], ragged=[], sweep=[],
         )
         path = args.out / "decode_attention.json"
