@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import platform
 import statistics
 import time
@@ -292,6 +293,7 @@ def environment(dtype, seed: int) -> dict:
         "seed": seed,
         "weights": "random (generated on the device)",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
 
 

@@ -64,7 +64,14 @@ def measure_decode_loop(model, batch, context, *, steps, impl, repeats):
     )
     short, long = B.time_fn(lambda: run(1), repeats=repeats), B.time_fn(lambda: run(steps), repeats=repeats)
     per_token = (long.median_s - short.median_s) / (steps - 1)
-    return per_token, short, long
+    # The same difference over the GPU time of the kernels alone (profiler): what the wall time
+    # adds on top of it is the time the GPU sat idle between kernels (launches, loop control).
+    kernels_short, kernels_long = B.gpu_kernel_times(lambda: run(1)), B.gpu_kernel_times(lambda: run(steps))
+    gpu = None
+    if kernels_long:
+        gpu = dict(busy_s_per_token=(sum(t for _, t in kernels_long) - sum(t for _, t in kernels_short)) / (steps - 1),
+                   kernels_per_token=(len(kernels_long) - len(kernels_short)) / (steps - 1))
+    return per_token, short, long, gpu
 
 
 def _verify_pass(capture, impl):
@@ -88,6 +95,7 @@ def cmd_decode(args):
     def save():  # after every row: a slow compile that runs out of time loses nothing measured
         out = dict(kind="decode", environment=B.environment(dtype, args.seed), copy_bandwidth=bw,
                    method="generate's on-device while loop; ms/token = (T(n) - T(1)) / (n - 1), medians; "
+                          "gpu_busy_ms_per_token: the same difference over the kernels' GPU time (profiler); "
                           "verify: one jitted forward of --verify-rows rows (all logits), median",
                    steps=args.steps, results=results)
         B.write_json(args.out, out)
@@ -98,7 +106,7 @@ def cmd_decode(args):
         for batch in args.batch:
             for context in args.context:
                 for impl in args.impl:
-                    per_token, short, long = measure_decode_loop(
+                    per_token, short, long, gpu = measure_decode_loop(
                         model, batch, context, steps=args.steps, impl=impl, repeats=args.repeats
                     )
                     kv = B.kv_bytes_per_step(model, batch, context + args.steps // 2)
@@ -112,6 +120,13 @@ def cmd_decode(args):
                     )
                     message = (f"{preset} b={batch} ctx={context} {impl}: {per_token * 1e3:.3f} ms/token, "
                                f"roofline {roofline_s * 1e3:.3f} ms ({roofline_s / per_token:.1%})")
+                    if gpu:
+                        row.update(gpu_busy_ms_per_token=gpu["busy_s_per_token"] * 1e3,
+                                   kernels_per_token=gpu["kernels_per_token"],
+                                   gpu_busy_roofline_fraction=roofline_s / gpu["busy_s_per_token"])
+                        message += (f"; GPU busy {gpu['busy_s_per_token'] * 1e3:.3f} ms/token "
+                                    f"({gpu['kernels_per_token']:.0f} kernels, "
+                                    f"{roofline_s / gpu['busy_s_per_token']:.1%} of roofline)")
                     if args.verify_rows:
                         verify = measure_verify(model, batch, context, rows=args.verify_rows, impl=impl,
                                                 repeats=args.repeats)
