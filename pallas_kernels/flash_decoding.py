@@ -243,13 +243,18 @@ def _default_config(batch, num_kv_heads, m_blocks, max_len, head_dim, block_m):
     KV splits: about ``_TARGET_PROGRAMS`` programs in all -- at least that many for 16-row M blocks
     (power of two rounded up; more splits measured faster at batch 1), at most that many for
     larger M blocks (rounded down; each program does twice the math) -- with at least 4 KV blocks
-    per split at full length and at most 64 splits. 16-row blocks: block_k 64, 4 warps, 2 stages;
+    per split at full length and at most 64 splits. 16-row blocks: block_k 64 (32 from 64
+    (sequence, KV head) pairs up: 2-3% less GPU time at batch 8-32, one query row, on the H100,
+    but 22% more at batch 1 x 4k; ``decode_attention_block_k_h100.json``,
+    ``decode_attention_sweep_h100.json``), 4 warps, 2 stages;
     larger: 3 stages (1.3x faster than 2 at 5 query rows x GQA 4).
     """
+    base = batch * num_kv_heads * m_blocks
     block_k = 64 if head_dim <= 128 else 32 if head_dim <= 256 else 16
+    if block_m <= 16 and head_dim <= 128 and base >= 64:
+        block_k = 32
     block_k = max(16, min(block_k, _next_pow2(max_len)))
     n_blocks = -(-max_len // block_k)
-    base = batch * num_kv_heads * m_blocks
     if block_m <= 16:
         k_splits = _next_pow2(-(-_TARGET_PROGRAMS // base))
     else:

@@ -101,6 +101,9 @@ CASES = {
     "decode_d64_gqa4_f32": (
         dict(batch=3, num_q=1, num_q_heads=8, num_kv_heads=2, max_len=200, head_dim=64, dtype=jnp.float32), {}
     ),
+    "decode_64_sequence_heads_block_k_32_bf16": (  # batch x KV heads >= 64: the block_k 32 tiling
+        dict(batch=4, num_q=1, num_q_heads=64, num_kv_heads=16, max_len=150, head_dim=128, dtype=jnp.bfloat16), {}
+    ),
     "verify_d128_gqa8_bf16": (
         dict(batch=2, num_q=5, num_q_heads=8, num_kv_heads=1, max_len=333, head_dim=128, dtype=jnp.bfloat16), {}
     ),
