@@ -18,8 +18,7 @@ time includes what each framework pays between kernels (XLA's launches, torch's 
 replay), so every row also records the **GPU time** of the kernels themselves, from the
 profiler (CUPTI) on both sides (``device_*`` in JAX, ``*_device`` for torch): the quantity
 that compares one kernel with another. ``device_kernel`` includes the split-K sum that XLA
-runs after the kernel (in a model that sum fuses into the next op); ``device_kernel_alone``
-is the Pallas kernel only.
+runs after the kernel as a separate fusion; ``device_kernel_alone`` is the Pallas kernel only.
 
 Usage (GPU):   PYTHONPATH=. python scripts/bench_matmul.py --out $OUT
 Plot only:     python scripts/bench_matmul.py --plot-only benchmarks/skinny_matmul.json
