@@ -96,6 +96,7 @@ def _decode_check_cases():
     base = dict(num_q_heads=32, num_kv_heads=8, head_dim=128)
     return [
         ("decode_gqa4_d128_bf16", dict(batch=4, num_q=1, max_len=4096, dtype="bfloat16", **base), {}),
+        ("decode_b8_block_k32_bf16", dict(batch=8, num_q=1, max_len=5000, dtype="bfloat16", **base), {}),
         ("verify_gqa4_d128_bf16", dict(batch=3, num_q=5, max_len=3001, dtype="bfloat16", **base), {}),
         ("tree9_window_bf16", dict(batch=2, num_q=9, max_len=2048, dtype="bfloat16", tree=True, **base), dict(window=700)),
         ("tree40_two_words_f32", dict(batch=2, num_q=40, num_q_heads=4, num_kv_heads=4, max_len=512, head_dim=64,
