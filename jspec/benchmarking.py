@@ -190,6 +190,8 @@ def gpu_kernel_times(fn: Callable[[], object], *, warmup: int = 2,
     """
     import tempfile
 
+    if jax.default_backend() != "gpu":  # no GPU kernels to time: skip the warm-up and the trace
+        return []
     for _ in range(warmup):
         jax.block_until_ready(fn())
     if flush_l2_bytes:
