@@ -10,9 +10,12 @@ lengths and positions): the blocks each sequence can see (``[lo, hi)`` from ``kv
 positions and window; blocks past the length are never read) are cut into equal chunks, ``batch *
 k_splits`` of them in all, so a ragged batch spends its programs on its long sequences (a static
 split per sequence left the one long row of a ragged batch on few programs: 183 -> 127 us at batch
-8, cuDNN 150-176 us). With one slot per sequence the kernel writes the normalised output itself (a
-single launch), otherwise fp32 partials that a second small Pallas kernel merges (log-sum-exp
-combine, one program per query-head row). The kernel reads q, the lengths and the positions as they
+8, cuDNN 150-176 us). A sequence with one slot has its output written by that program; otherwise
+each program stores fp32 partials and counts itself in with an atomic add, and the last of the
+sequence's programs to arrive merges the partials (log-sum-exp, in slot order, so the result does
+not depend on the order of arrival) and writes the output. One launch either way: the separate
+combine kernel this replaces cost 2-7 us of GPU time, most of the gap to cuDNN at one query row
+(``benchmarks/decode_attention_fused_h100.json``). The kernel reads q, the lengths and the positions as they
 are (no XLA preparation ops). Masks are explicit (rows past the length may hold anything, NaN
 included); K and V are passed as they are (never copied) when ``max_len`` is a multiple of
 ``block_k`` (64; 32 for head_dim 256) and ``head_dim`` a power of two >= 16, and padded to whole
@@ -21,7 +24,6 @@ blocks otherwise. The tree mask travels as per-row bit words (32 tail columns pe
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -81,9 +83,9 @@ def _work_split(len_ref, pos_ref, *, batch, num_q, max_len, block_k, window, has
     Every split reads ``chunk = ceil(total blocks / num_slots)`` blocks (the last of a sequence
     fewer), so a ragged batch puts many splits on its long sequences and few on its short ones,
     and a uniform batch gets ``num_slots / batch`` splits per sequence, as a static split would.
-    Sequence ``b`` owns the slots ``[slot_end[b] - slots[b], slot_end[b])``; in all at most
-    ``num_slots + batch - 1`` slots are used. Computed alike by every program of both kernels
-    from the lengths and positions alone (no XLA preparation op). Returns vectors
+    Sequence ``b`` owns the slots ``[slot_end[b] - slots[b], slot_end[b])``, at least one, so
+    that every output is written; in all at most ``num_slots + batch`` slots are used. Computed
+    alike by every program from the lengths and positions alone (no XLA preparation op). Returns vectors
     ``[b_pad]``: lengths, first block, end block, slots, slot_end; and the scalar chunk.
     """
     b_pad = max(16, _next_pow2(batch))
@@ -100,7 +102,8 @@ def _work_split(len_ref, pos_ref, *, batch, num_q, max_len, block_k, window, has
                                   has_tail=has_tail)
     blocks = jnp.where(b_ok, jnp.maximum(blk_hi - blk_lo, 0), 0)
     chunk = jnp.maximum((jnp.sum(blocks) + num_slots - 1) // num_slots, 1)
-    slots = (blocks + chunk - 1) // chunk
+    # At least one slot each: a sequence that sees nothing still has its (zero) output written.
+    slots = jnp.where(b_ok, jnp.maximum((blocks + chunk - 1) // chunk, 1), 0)
     slot_end = jnp.sum(jnp.where(bvec[None, :] <= bvec[:, None], slots[None, :], 0), axis=1)  # inclusive cumsum
     return bvec, lengths, blk_lo, blk_hi, slots, slot_end, chunk
 
@@ -112,13 +115,15 @@ def _decode_kernel(
     q_ref,  # [batch * num_q * num_q_heads * head_dim] flat q
     k_ref,  # [batch * num_kv_heads, max_len, head_dim] the whole cache
     v_ref,  # [batch * num_kv_heads, max_len, head_dim]
-    o_ref,  # one slot per sequence: [batch * num_q * num_q_heads * head_dim] final output (q dtype);
-    #         else [num_slot_programs * num_q * num_q_heads * head_dim] fp32 unnormalised partials
-    m_ref,  # [num_slot_programs * num_q * num_q_heads] fp32 running max (log2 units), or None
-    l_ref,  # [num_slot_programs * num_q * num_q_heads] fp32 softmax denominator, or None
+    out_ref,  # [batch * num_q * num_q_heads * head_dim] the output (q's dtype)
+    split_refs,  # None (one slot per sequence), else the refs through which split programs meet:
+    #   o [slot_programs * num_q * num_q_heads * head_dim] fp32 unnormalised partials,
+    #   m, l [slot_programs * num_q * num_q_heads] fp32 running max (log2 units) and denominator,
+    #   arrived [batch * num_kv_heads * m_blocks] int32, zero on entry: partials stored per group
     *,
     batch: int,
     block_m: int,
+    m_blocks: int,
     block_k: int,
     num_slots: int,
     num_q: int,
@@ -128,14 +133,14 @@ def _decode_kernel(
     qk_scale: float,
     window: int | None,
     n_words: int,
-    f32_dots: bool,
+    interpret: bool,
 ):
     head_dim = k_ref.shape[-1]
     num_q_heads = group * num_kv_heads
     rows = num_q * num_q_heads  # output rows (query, head) per sequence
-    kv_head = pl.program_id(0)
-    slot = pl.program_id(2)
-    split = m_ref is not None
+    # Program ids are read here, outside pl.when: the interpreter substitutes them at the top level only.
+    kv_head, m_block, slot = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    split = split_refs is not None
 
     if split:
         bvec, lengths, seq_lo, seq_hi, slots, slot_end, chunk = _work_split(
@@ -145,7 +150,9 @@ def _decode_kernel(
         b = jnp.sum(jnp.where(bvec < batch, (slot_end <= slot).astype(jnp.int32), 0))
         active = b < batch  # the last few slot programs may have no work
         b = jnp.minimum(b, batch - 1)
-        first = _pick(seq_lo, bvec, b) + (slot - (_pick(slot_end, bvec, b) - _pick(slots, bvec, b))) * chunk
+        owned = _pick(slots, bvec, b)
+        first_slot = _pick(slot_end, bvec, b) - owned  # the sequence's slots: [first_slot, first_slot + owned)
+        first = _pick(seq_lo, bvec, b) + (slot - first_slot) * chunk
         last = jnp.where(active, jnp.minimum(first + chunk, _pick(seq_hi, bvec, b)), first)
         length = _pick(lengths, bvec, b)
     else:
@@ -153,16 +160,21 @@ def _decode_kernel(
         first, last = jnp.int32(0), jnp.int32(jnp.iinfo(jnp.int32).max)
         length = jnp.clip(len_ref[b], 0, max_len)
 
-    # M rows of this program: row r = query r // group, query head kv_head * group + r % group.
-    r = pl.program_id(1) * block_m + jnp.arange(block_m, dtype=jnp.int32)
-    row_ok = r < num_q * group
-    qi = jnp.minimum(r // group, num_q - 1)
-    head_row = qi * num_q_heads + kv_head * group + r % group  # [block_m] index into (num_q, heads)
+    def m_rows(n):
+        # The first n M rows of this program: row r = query r // group, query head kv_head * group +
+        # r % group. Returns r, whether r is a real row, the query index, the index into (num_q, heads).
+        r = m_block * block_m + jnp.arange(n, dtype=jnp.int32)
+        qi = jnp.minimum(r // group, num_q - 1)
+        return r, r < num_q * group, qi, qi * num_q_heads + kv_head * group + r % group
+
+    def place(row_ok, r, row, buffer_rows):
+        # Padding rows point past the end of the buffer, each to its own place: their stores are
+        # masked on the GPU, and the interpreter (a scatter) drops them instead of racing real rows.
+        return jnp.where(row_ok, row, buffer_rows + r)
+
+    r, row_ok, qi, head_row = m_rows(block_m)
     d = jnp.arange(head_dim, dtype=jnp.int32)
     qo_mask = jnp.broadcast_to(row_ok[:, None], (block_m, head_dim))
-    # Padding rows point past the end of the whole buffer, each to its own place: their stores are
-    # masked on the GPU, and the interpreter (a scatter) drops them instead of racing real rows.
-    out_row = jnp.where(row_ok, (slot if split else b) * rows + head_row, (num_slots + batch) * rows + r)
     q_offsets = (b * rows + head_row)[:, None] * head_dim + d[None, :]  # [block_m, head_dim]
 
     pos = plgpu.load(pos_ref.at[b * num_q + qi], mask=row_ok, other=-1)  # padding rows: -1, they see nothing
@@ -178,7 +190,7 @@ def _decode_kernel(
     trips = jnp.maximum(jnp.minimum(last, blk_hi) - first, 0)
 
     def dot(a, b, contract_b):  # [m, k] x b -> [m, n] with fp32 accumulation
-        if f32_dots:  # the CPU interpreter has no bf16 x bf16 -> f32 dot; products are exact in f32
+        if interpret:  # the CPU interpreter has no bf16 x bf16 -> f32 dot; products are exact in f32
             a, b = a.astype(jnp.float32), b.astype(jnp.float32)
         # fp32 operands: HIGHEST = IEEE fp32 in Triton (DEFAULT would be TF32).
         precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
@@ -227,14 +239,77 @@ def _decode_kernel(
     m = jnp.full((block_m,), _MASK_VALUE, jnp.float32)
     l = jnp.zeros((block_m,), jnp.float32)
     o, m, l = lax.fori_loop(0, trips, body, (o, m, l))
-    o_offsets = out_row[:, None] * head_dim + d[None, :]
-    if split:
-        plgpu.store(o_ref.at[o_offsets], o, mask=qo_mask)
-        plgpu.store(m_ref.at[out_row], m, mask=row_ok)
-        plgpu.store(l_ref.at[out_row], l, mask=row_ok)
-    else:  # one slot per sequence: normalise and write the final output
+
+    def write_output(o, l, row_ok, r, head_row):  # normalise; a row that saw nothing gets 0
+        out_row = place(row_ok, r, b * rows + head_row, batch * rows)
+        mask = jnp.broadcast_to(row_ok[:, None], o.shape)
         o = o / jnp.where(l > 0, l, 1.0)[:, None]
-        plgpu.store(o_ref.at[o_offsets], o.astype(o_ref.dtype), mask=qo_mask)
+        plgpu.store(out_ref.at[out_row[:, None] * head_dim + d[None, :]], o.astype(out_ref.dtype), mask=mask)
+
+    if not split:
+        write_output(o, l, row_ok, r, head_row)
+        return
+    o_part, m_part, l_part, arrived = split_refs
+
+    @pl.when(active & (owned == 1))
+    def _():  # the sequence's only program: nothing to merge
+        write_output(o, l, row_ok, r, head_row)
+
+    @pl.when(active & (owned > 1))
+    def _():
+        part_row = place(row_ok, r, slot * rows + head_row, m_part.shape[0])
+        plgpu.store(o_part.at[part_row[:, None] * head_dim + d[None, :]], o, mask=qo_mask)
+        plgpu.store(m_part.at[part_row], m, mask=row_ok)
+        plgpu.store(l_part.at[part_row], l, mask=row_ok)
+        if not interpret:  # the interpreter runs programs one by one (and has no barrier)
+            plgpu.debug_barrier()  # every thread's partials are stored before the count goes up
+        # The last of the sequence's programs to arrive (per KV head and M block) merges them all.
+        counter = (b * num_kv_heads + kv_head) * m_blocks + m_block
+        before = plgpu.atomic_add(arrived, counter, jnp.int32(1))  # acquire-release, GPU scope
+
+        @pl.when(before == owned - 1)
+        def _():
+            merge_rows = min(block_m, _next_pow2(num_q * group))  # the M rows that can be real
+            mr, mr_ok, _, mr_head = m_rows(merge_rows)
+            o, l = _merge_partials(o_part, m_part, l_part, first_slot, owned, mr_ok, mr_head, rows=rows,
+                                   max_slots=_next_pow2(min(num_slots, -(-max_len // block_k))))
+            write_output(o, l, mr_ok, mr, mr_head)
+
+
+def _merge_partials(o_part, m_part, l_part, first_slot, owned, row_ok, head_row, *, rows, max_slots):
+    """Log-sum-exp merge of one group's partials, slots ``[first_slot, first_slot + owned)``, in
+    slot order (the same sum whichever program arrives last). Returns ``o [n, head_dim]`` and
+    ``l [n]`` for the ``n`` rows given. Slots that saw nothing (m = _MASK_VALUE, l = 0) weigh nothing.
+    Loads are volatile (not served from L1): the partials were written by other SMs."""
+    head_dim = o_part.shape[0] // m_part.shape[0]
+    n = head_row.shape[0]
+    d = jnp.arange(head_dim, dtype=jnp.int32)
+    # Chunks of g slots, a [g, n, head_dim] fp32 tile = ~64 registers per thread; m, l and o of a
+    # chunk are loaded together (one round trip to L2), so a merge of <= g slots waits once.
+    g = max(1, min(max_slots, 8192 // (n * head_dim)))
+
+    def add_chunk(c, carry):
+        acc, m_run, l_run = carry
+        s = c * g + jnp.arange(g, dtype=jnp.int32)
+        ok = (s < owned)[:, None] & row_ok[None, :]  # [g, n]
+        part = (first_slot + jnp.minimum(s, owned - 1))[:, None] * rows + head_row[None, :]
+        m = plgpu.load(m_part.at[part], mask=ok, other=_MASK_VALUE, volatile=True)
+        l = plgpu.load(l_part.at[part], mask=ok, other=0.0, volatile=True)
+        o = plgpu.load(o_part.at[part[:, :, None] * head_dim + d[None, None, :]],
+                       mask=jnp.broadcast_to(ok[:, :, None], (g, n, head_dim)), other=0.0, volatile=True)
+        m_new = jnp.maximum(m_run, jnp.max(m, axis=0))
+        corr = jnp.exp2(m_run - m_new)
+        w = jnp.exp2(m - m_new[None, :])
+        return (acc * corr[:, None] + jnp.sum(o * w[:, :, None], axis=0), m_new,
+                l_run * corr + jnp.sum(l * w, axis=0))
+
+    carry = (jnp.zeros((n, head_dim), jnp.float32), jnp.full((n,), _MASK_VALUE, jnp.float32),
+             jnp.zeros((n,), jnp.float32))
+    if max_slots <= g:  # one chunk holds every slot: no loop
+        acc, _, total = add_chunk(0, carry)
+    else:
+        acc, _, total = lax.fori_loop(0, (owned + g - 1) // g, add_chunk, carry)
+    return acc, total
 
 
 def _default_config(batch, num_kv_heads, m_blocks, max_len, head_dim, block_m):
@@ -285,10 +360,11 @@ def _decode_call(
     q, k, v, kv_lengths, q_positions, tail_mask, window, scale, *, block_m, block_k, k_splits, num_warps, num_stages,
     interpret,
 ):
-    """Run the kernel. k_splits == 1: the output [B * Q * Hq * Dp]; else fp32 partials (o, m, l) per slot.
+    """Run the kernel -> the output [B, Q * Hq, Dp].
 
     Every operand is passed whole (the kernel finds its sequence from the work split) and flat
-    where the kernel gathers rows from it.
+    where the kernel gathers rows from it. With k_splits > 1 the kernel also gets scratch outputs
+    for the split programs' partials and a zeroed arrival counter per (sequence, KV head, M block).
     """
     batch, num_q, num_q_heads, head_dim = q.shape
     _, num_kv_heads, max_len, _ = k.shape
@@ -319,52 +395,57 @@ def _decode_call(
         bits = lax.bitcast_convert_type(bits, jnp.int32).transpose(0, 2, 1)  # [B, W, Q]
         args.append(bits.reshape(batch * n_words * num_q))
     args += [qf.reshape(batch * rows * d_pad), kk, vv]
+    out_shape = [jax.ShapeDtypeStruct((batch * rows * d_pad,), q.dtype)]
+    aliases = {}
     if k_splits == 1:
         num_slots = slot_programs = batch
-        out_shape = [jax.ShapeDtypeStruct((batch * rows * d_pad,), q.dtype)]
     else:
         num_slots = batch * k_splits
-        slot_programs = num_slots + batch - 1
-        out_shape = [
+        slot_programs = num_slots + batch  # enough for every split of _work_split
+        out_shape += [
             jax.ShapeDtypeStruct((slot_programs * rows * d_pad,), jnp.float32),
             jax.ShapeDtypeStruct((slot_programs * rows,), jnp.float32),
             jax.ShapeDtypeStruct((slot_programs * rows,), jnp.float32),
+            jax.ShapeDtypeStruct((bh * m_blocks,), jnp.int32),
         ]
+        aliases = {len(args): len(out_shape) - 1}  # the counters start at zero
+        args.append(jnp.zeros((bh * m_blocks,), jnp.int32))
 
     def kernel(*refs):
         len_ref, pos_ref, *refs = refs
         tail_ref = refs.pop(0) if n_words else None
-        q_ref, k_ref, v_ref, o_ref, *ml = refs
-        m_ref, l_ref = ml if ml else (None, None)
+        q_ref, k_ref, v_ref, *refs = refs
+        if k_splits > 1:
+            del refs[0]  # the counters' input, aliased to the last output
+        out_ref, *split_refs = refs
         _decode_kernel(
-            len_ref, pos_ref, tail_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref,
-            batch=batch, block_m=block_m, block_k=block_k, num_slots=num_slots, num_q=num_q, group=group,
+            len_ref, pos_ref, tail_ref, q_ref, k_ref, v_ref, out_ref, split_refs or None,
+            batch=batch, block_m=block_m, m_blocks=m_blocks, block_k=block_k, num_slots=num_slots, num_q=num_q, group=group,
             num_kv_heads=num_kv_heads, max_len=max_len, qk_scale=float(scale) * _LOG2E,
-            window=None if window is None else int(window), n_words=n_words, f32_dots=bool(interpret),
+            window=None if window is None else int(window), n_words=n_words, interpret=bool(interpret),
         )
 
     outs = pl.pallas_call(
         kernel,
         grid=(num_kv_heads, m_blocks, slot_programs),
         out_shape=out_shape,
+        input_output_aliases=aliases,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="jspec_decode_attention",
     )(*args)
-    if k_splits == 1:
-        return outs[0].reshape(batch, rows, d_pad)
-    return outs
+    return outs[0].reshape(batch, rows, d_pad)
 
 
 def decode_attention_pallas(
     q, k, v, kv_lengths, *, q_positions, tail_mask=None, window=None, scale=None,
     block_m=None, block_k=None, k_splits=None, num_warps=None, num_stages=None, interpret=None,
 ):
-    """The Pallas kernel (+ the log-sum-exp combine of its splits); knobs default from the shapes.
+    """The Pallas kernel (one launch); knobs default from the shapes.
 
     ``k_splits``: split programs per sequence on average (the batch's KV blocks are shared out
-    over ``batch * k_splits`` of them, see :func:`_work_split`); 1 = one program per sequence
-    and KV head, which writes the output itself.
+    over ``batch * k_splits`` of them, see :func:`_work_split`; the last of a sequence's split
+    programs to finish merges their partials); 1 = one program per sequence and KV head.
     """
     batch, num_q, num_q_heads, head_dim = q.shape
     _, num_kv_heads, max_len, _ = k.shape
@@ -384,7 +465,7 @@ def decode_attention_pallas(
         raise ValueError(f"k_splits must be >= 1, got {k_splits}")
     interpret = interpret_mode() if interpret is None else interpret
     scale = head_dim**-0.5 if scale is None else scale
-    outs = _decode_call(
+    out = _decode_call(
         q, k, v, kv_lengths, q_positions, tail_mask, window, scale,
         block_m=block_m,
         block_k=block_k,
@@ -393,57 +474,4 @@ def decode_attention_pallas(
         num_stages=cfg["num_stages"] if num_stages is None else num_stages,
         interpret=interpret,
     )
-    if k_splits == 1:
-        out = outs
-    else:
-        out = _combine_call(
-            *outs, kv_lengths, q_positions, batch=batch, num_q=num_q, rows=num_q * num_q_heads, d_pad=d_pad,
-            max_len=max_len, block_k=block_k, window=window, has_tail=tail_mask is not None,
-            num_slots=batch * k_splits, dtype=q.dtype, interpret=interpret,
-        )
     return out.reshape(batch, num_q, num_q_heads, d_pad)[..., :head_dim]
-
-
-def _combine_kernel(len_ref, pos_ref, o_ref, m_ref, l_ref, out_ref, *, batch, num_q, rows, d_pad, max_len, block_k,
-                    window, has_tail, num_slots):
-    # Program (b, r) merges the partials of output row r of sequence b: the slots its sequence
-    # owns in the work split (o [d_pad] unnormalised, m running max in log2 units, l denominator
-    # per slot). Splits that saw nothing have m = _MASK_VALUE and l = 0, so they weigh nothing;
-    # a row that saw nothing at all gets 0.
-    b, r = pl.program_id(0), pl.program_id(1)
-    bvec, _, _, _, slots, slot_end, _ = _work_split(
-        len_ref, pos_ref, batch=batch, num_q=num_q, max_len=max_len, block_k=block_k, window=window,
-        has_tail=has_tail, num_slots=num_slots,
-    )
-    owned = _pick(slots, bvec, b)
-    # A sequence owns at most num_slots slots, and at most one per KV block of the cache.
-    s = jnp.arange(_next_pow2(min(num_slots, -(-max_len // block_k))), dtype=jnp.int32)
-    ok = s < owned
-    row = (_pick(slot_end, bvec, b) - owned + jnp.minimum(s, jnp.maximum(owned - 1, 0))) * rows + r
-    d = jnp.arange(d_pad, dtype=jnp.int32)
-    m = plgpu.load(m_ref.at[row], mask=ok, other=_MASK_VALUE)
-    l = plgpu.load(l_ref.at[row], mask=ok, other=0.0)
-    o = plgpu.load(o_ref.at[row[:, None] * d_pad + d[None, :]], mask=jnp.broadcast_to(ok[:, None], (s.size, d_pad)),
-                   other=0.0)
-    corr = jnp.exp2(m - jnp.max(m))
-    total = jnp.sum(l * corr)
-    acc = jnp.sum(o * corr[:, None], axis=0)
-    plgpu.store(out_ref.at[(b * rows + r) * d_pad + d], (acc / jnp.where(total > 0, total, 1.0)).astype(out_ref.dtype))
-
-
-def _combine_call(o, m, l, kv_lengths, q_positions, *, batch, num_q, rows, d_pad, max_len, block_k, window, has_tail,
-                  num_slots, dtype, interpret):
-    """Log-sum-exp combine of the split partials in one launch -> [B, rows, d_pad]."""
-    kernel = functools.partial(
-        _combine_kernel, batch=batch, num_q=num_q, rows=rows, d_pad=d_pad, max_len=max_len, block_k=block_k,
-        window=None if window is None else int(window), has_tail=has_tail, num_slots=num_slots,
-    )
-    out = pl.pallas_call(
-        kernel,
-        grid=(batch, rows),
-        out_shape=jax.ShapeDtypeStruct((batch * rows * d_pad,), dtype),
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
-        interpret=interpret,
-        name="jspec_decode_attention_combine",
-    )(kv_lengths.astype(jnp.int32), q_positions.astype(jnp.int32).reshape(batch * num_q), o, m, l)
-    return out.reshape(batch, rows, d_pad)
