@@ -42,7 +42,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_kernels._dispatch import check_impl, on_gpu
-from pallas_kernels.flash_decoding import _MASK_VALUE, _effective_tail_mask, decode_attention_pallas
+from pallas_kernels.flash_decoding import _effective_tail_mask, decode_attention_pallas
+from pallas_kernels.split_kv import _MASK_VALUE
 
 __all__ = ["decode_attention", "decode_attention_pallas", "decode_attention_reference", "use_pallas", "visibility_mask"]
 

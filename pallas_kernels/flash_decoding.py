@@ -11,11 +11,11 @@ positions and window; blocks past the length are never read) are cut into equal 
 k_splits`` of them in all, so a ragged batch spends its programs on its long sequences (a static
 split per sequence left the one long row of a ragged batch on few programs: 183 -> 127 us at batch
 8, cuDNN 150-176 us). A sequence with one slot has its output written by that program; otherwise
-each program stores fp32 partials and counts itself in with an atomic add, and the last of the
-sequence's programs to arrive merges the partials (log-sum-exp, in slot order, so the result does
-not depend on the order of arrival) and writes the output. One launch either way: the separate
-combine kernel this replaces cost 2-7 us of GPU time, most of the gap to cuDNN at one query row
-(``benchmarks/decode_attention_fused_h100.json``). The kernel reads q, the lengths and the positions as they
+its programs store fp32 partials, merged (:mod:`pallas_kernels.split_kv`) in one of two ways,
+chosen by ``k_splits``: with <= 2 splits per sequence on average, by the last of the sequence's
+programs to arrive, found with an atomic count (one launch); with more (small batches), by a
+second small kernel, in parallel over the rows.
+The kernel reads q, the lengths and the positions as they
 are (no XLA preparation ops). Masks are explicit (rows past the length may hold anything, NaN
 included); K and V are passed as they are (never copied) when ``max_len`` is a multiple of
 ``block_k`` (64; 32 for head_dim 256) and ``head_dim`` a power of two >= 16, and padded to whole
@@ -33,20 +33,26 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._dispatch import interpret_mode
+from pallas_kernels.split_kv import (
+    _MASK_VALUE,
+    _block_range,
+    _merge_partials,
+    _next_pow2,
+    _pick,
+    _store_rows,
+    _work_split,
+    combine_partials,
+)
 
-# Finite so that a fully masked row never produces inf - inf = NaN.
-_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 _LOG2E = math.log2(math.e)
-# Programs to aim for when choosing k_splits (~2 waves on a 132-SM H100).
+# Programs to aim for when choosing k_splits for multi-row blocks (~2 waves on a 132-SM H100).
 _TARGET_PROGRAMS = 264
+# Cache rows a one-row decode keeps in flight over the GPU (see _default_config).
+_ROWS_IN_FLIGHT = 16384
 # Shared memory the default tiling may plan for (of 227 KiB on H100/H200; Triton needs headroom).
 # head_dim 512 with 5 query rows x GQA 8 and the head_dim-256 tiling asked for ~256 KiB and failed
 # to launch on an H200.
 _SMEM_BUDGET = 160 * 1024
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def _effective_tail_mask(tail_mask, q_positions, window):
@@ -56,56 +62,6 @@ def _effective_tail_mask(tail_mask, q_positions, window):
         pos = q_positions.astype(jnp.int32)
         tail &= (pos[:, :, None] - pos[:, None, :]) < window
     return tail
-
-
-def _block_range(length, pos_min, pos_max, *, block_k, num_q, window, has_tail):
-    """KV blocks ``[lo, hi)`` that queries at positions ``pos_min..pos_max`` can see (elementwise)."""
-    if has_tail:
-        hi = jnp.where(pos_max >= 0, length, 0)
-    else:
-        hi = jnp.minimum(length, pos_max + 1)
-    lo = jnp.zeros_like(length)
-    if window is not None:
-        lo = jnp.maximum(pos_min - window + 1, 0)
-        if has_tail:
-            lo = jnp.minimum(lo, jnp.maximum(length - num_q, 0))
-    return lo // block_k, (hi + block_k - 1) // block_k
-
-
-def _pick(values, index_vec, index):
-    """values[index] for a traced scalar index (a masked sum: Triton has no vector subscript)."""
-    return jnp.sum(jnp.where(index_vec == index, values, 0))
-
-
-def _work_split(len_ref, pos_ref, *, batch, num_q, max_len, block_k, window, has_tail, num_slots):
-    """Share the visible KV blocks of the whole batch out over ``num_slots`` split programs.
-
-    Every split reads ``chunk = ceil(total blocks / num_slots)`` blocks (the last of a sequence
-    fewer), so a ragged batch puts many splits on its long sequences and few on its short ones,
-    and a uniform batch gets ``num_slots / batch`` splits per sequence, as a static split would.
-    Sequence ``b`` owns the slots ``[slot_end[b] - slots[b], slot_end[b])``, at least one, so
-    that every output is written; in all at most ``num_slots + batch`` slots are used. Computed
-    alike by every program from the lengths and positions alone (no XLA preparation op). Returns vectors
-    ``[b_pad]``: lengths, first block, end block, slots, slot_end; and the scalar chunk.
-    """
-    b_pad = max(16, _next_pow2(batch))
-    bvec = jnp.arange(b_pad, dtype=jnp.int32)
-    b_ok = bvec < batch
-    b_idx = jnp.minimum(bvec, batch - 1)
-    lengths = jnp.clip(plgpu.load(len_ref.at[b_idx], mask=b_ok, other=0), 0, max_len)
-    qvec = jnp.arange(max(16, _next_pow2(num_q)), dtype=jnp.int32)
-    ok = b_ok[:, None] & (qvec < num_q)[None, :]
-    pos = plgpu.load(pos_ref.at[b_idx[:, None] * num_q + jnp.minimum(qvec, num_q - 1)[None, :]], mask=ok, other=-1)
-    pos_max = jnp.max(pos, axis=1)
-    pos_min = jnp.min(jnp.where(ok, pos, jnp.iinfo(jnp.int32).max), axis=1)
-    blk_lo, blk_hi = _block_range(lengths, pos_min, pos_max, block_k=block_k, num_q=num_q, window=window,
-                                  has_tail=has_tail)
-    blocks = jnp.where(b_ok, jnp.maximum(blk_hi - blk_lo, 0), 0)
-    chunk = jnp.maximum((jnp.sum(blocks) + num_slots - 1) // num_slots, 1)
-    # At least one slot each: a sequence that sees nothing still has its (zero) output written.
-    slots = jnp.where(b_ok, jnp.maximum((blocks + chunk - 1) // chunk, 1), 0)
-    slot_end = jnp.sum(jnp.where(bvec[None, :] <= bvec[:, None], slots[None, :], 0), axis=1)  # inclusive cumsum
-    return bvec, lengths, blk_lo, blk_hi, slots, slot_end, chunk
 
 
 def _decode_kernel(
@@ -235,21 +191,17 @@ def _decode_kernel(
         v = plgpu.load(v_ref.at[cache, pl.ds(start, block_k), :], mask=v_ok, other=0)
         return o * corr[:, None] + dot(p.astype(v.dtype), v, 0), m_new, l
 
-    o = jnp.zeros((block_m, head_dim), jnp.float32)
-    m = jnp.full((block_m,), _MASK_VALUE, jnp.float32)
-    l = jnp.zeros((block_m,), jnp.float32)
-    o, m, l = lax.fori_loop(0, trips, body, (o, m, l))
+    carry = (jnp.zeros((block_m, head_dim), jnp.float32), jnp.full((block_m,), _MASK_VALUE, jnp.float32),
+             jnp.zeros((block_m,), jnp.float32))
+    o, m, l = lax.fori_loop(0, trips, body, carry)
 
-    def write_output(o, l, row_ok, r, head_row):  # normalise; a row that saw nothing gets 0
-        out_row = place(row_ok, r, b * rows + head_row, batch * rows)
-        mask = jnp.broadcast_to(row_ok[:, None], o.shape)
-        o = o / jnp.where(l > 0, l, 1.0)[:, None]
-        plgpu.store(out_ref.at[out_row[:, None] * head_dim + d[None, :]], o.astype(out_ref.dtype), mask=mask)
+    def write_output(o, l, row_ok, r, head_row):
+        _store_rows(out_ref, o, l, place(row_ok, r, b * rows + head_row, batch * rows), row_ok)
 
     if not split:
         write_output(o, l, row_ok, r, head_row)
         return
-    o_part, m_part, l_part, arrived = split_refs
+    o_part, m_part, l_part, *arrived = split_refs
 
     @pl.when(active & (owned == 1))
     def _():  # the sequence's only program: nothing to merge
@@ -261,82 +213,53 @@ def _decode_kernel(
         plgpu.store(o_part.at[part_row[:, None] * head_dim + d[None, :]], o, mask=qo_mask)
         plgpu.store(m_part.at[part_row], m, mask=row_ok)
         plgpu.store(l_part.at[part_row], l, mask=row_ok)
+        if not arrived:  # a combine kernel merges
+            return
         if not interpret:  # the interpreter runs programs one by one (and has no barrier)
             plgpu.debug_barrier()  # every thread's partials are stored before the count goes up
         # The last of the sequence's programs to arrive (per KV head and M block) merges them all.
         counter = (b * num_kv_heads + kv_head) * m_blocks + m_block
-        before = plgpu.atomic_add(arrived, counter, jnp.int32(1))  # acquire-release, GPU scope
+        before = plgpu.atomic_add(arrived[0], counter, jnp.int32(1))  # acquire-release, GPU scope
 
         @pl.when(before == owned - 1)
         def _():
             merge_rows = min(block_m, _next_pow2(num_q * group))  # the M rows that can be real
             mr, mr_ok, _, mr_head = m_rows(merge_rows)
             o, l = _merge_partials(o_part, m_part, l_part, first_slot, owned, mr_ok, mr_head, rows=rows,
-                                   max_slots=_next_pow2(min(num_slots, -(-max_len // block_k))))
+                                   max_slots=_next_pow2(min(num_slots, -(-max_len // block_k))), volatile=True)
             write_output(o, l, mr_ok, mr, mr_head)
 
 
-def _merge_partials(o_part, m_part, l_part, first_slot, owned, row_ok, head_row, *, rows, max_slots):
-    """Log-sum-exp merge of one group's partials, slots ``[first_slot, first_slot + owned)``, in
-    slot order (the same sum whichever program arrives last). Returns ``o [n, head_dim]`` and
-    ``l [n]`` for the ``n`` rows given. Slots that saw nothing (m = _MASK_VALUE, l = 0) weigh nothing.
-    Loads are volatile (not served from L1): the partials were written by other SMs."""
-    head_dim = o_part.shape[0] // m_part.shape[0]
-    n = head_row.shape[0]
-    d = jnp.arange(head_dim, dtype=jnp.int32)
-    # Chunks of g slots, a [g, n, head_dim] fp32 tile = ~64 registers per thread; m, l and o of a
-    # chunk are loaded together (one round trip to L2), so a merge of <= g slots waits once.
-    g = max(1, min(max_slots, 8192 // (n * head_dim)))
-
-    def add_chunk(c, carry):
-        acc, m_run, l_run = carry
-        s = c * g + jnp.arange(g, dtype=jnp.int32)
-        ok = (s < owned)[:, None] & row_ok[None, :]  # [g, n]
-        part = (first_slot + jnp.minimum(s, owned - 1))[:, None] * rows + head_row[None, :]
-        m = plgpu.load(m_part.at[part], mask=ok, other=_MASK_VALUE, volatile=True)
-        l = plgpu.load(l_part.at[part], mask=ok, other=0.0, volatile=True)
-        o = plgpu.load(o_part.at[part[:, :, None] * head_dim + d[None, None, :]],
-                       mask=jnp.broadcast_to(ok[:, :, None], (g, n, head_dim)), other=0.0, volatile=True)
-        m_new = jnp.maximum(m_run, jnp.max(m, axis=0))
-        corr = jnp.exp2(m_run - m_new)
-        w = jnp.exp2(m - m_new[None, :])
-        return (acc * corr[:, None] + jnp.sum(o * w[:, :, None], axis=0), m_new,
-                l_run * corr + jnp.sum(l * w, axis=0))
-
-    carry = (jnp.zeros((n, head_dim), jnp.float32), jnp.full((n,), _MASK_VALUE, jnp.float32),
-             jnp.zeros((n,), jnp.float32))
-    if max_slots <= g:  # one chunk holds every slot: no loop
-        acc, _, total = add_chunk(0, carry)
-    else:
-        acc, _, total = lax.fori_loop(0, (owned + g - 1) // g, add_chunk, carry)
-    return acc, total
-
-
 def _default_config(batch, num_kv_heads, m_blocks, max_len, head_dim, block_m):
-    """Tuning defaults, from the H200 sweeps recorded in ``benchmarks/decode_attention.json``.
+    """Tuning defaults, from the GPU-time sweeps in ``benchmarks/decode_attention_tiling_h100.json``
+    (16-row blocks) and ``benchmarks/decode_attention.json`` (larger blocks, H200).
 
-    KV splits: about ``_TARGET_PROGRAMS`` programs in all -- at least that many for 16-row M blocks
-    (power of two rounded up; more splits measured faster at batch 1), at most that many for
-    larger M blocks (rounded down; each program does twice the math) -- with at least 4 KV blocks
-    per split at full length and at most 64 splits. 16-row blocks: block_k 64 (32 from 64
-    (sequence, KV head) pairs up: 2-3% less GPU time at batch 8-32, one query row, on the H100,
-    but 22% more at batch 1 x 4k; ``decode_attention_block_k_h100.json``,
-    ``decode_attention_sweep_h100.json``), 4 warps, 2 stages;
-    larger: 3 stages (1.3x faster than 2 at 5 query rows x GQA 4).
+    16-row M blocks (one query row x GQA <= 16: decode and frozen-KV drafting) stream the cache,
+    so what counts is how much of it is in flight: ``_ROWS_IN_FLIGHT`` cache rows over the GPU
+    (programs x block_k x (stages - 1), ~8 MB at head_dim 128), spread over as few programs as
+    that allows, because every extra split adds partials to merge. 3 stages; block_k 32 from 256
+    (sequence, KV head) pairs up (one program each: 2-4% less GPU time than two splits at batch
+    32, and than cuDNN at 4k), 64 from 64 pairs up (batch 8: two splits; batch 16: one), 32 below
+    (batch 1: 32 splits of 4 blocks in flight each beat 16 of 64-row blocks at 4k).
+    Larger M blocks: about ``_TARGET_PROGRAMS`` programs, rounded down (each does more math),
+    block_k 64, 3 stages (1.3x faster than 2 at 5 query rows x GQA 4).
+    Both: at least 4 KV blocks per split at full length, at most 64 splits; block_k 32 for
+    head_dim 256 and 16 above, and fewer stages where shared memory runs short.
     """
     base = batch * num_kv_heads * m_blocks
-    block_k = 64 if head_dim <= 128 else 32 if head_dim <= 256 else 16
-    if block_m <= 16 and head_dim <= 128 and base >= 64:
-        block_k = 32
+    num_stages = 3
+    if block_m <= 16:
+        block_k = 64 if 64 <= base < 256 else 32
+        k_splits = _next_pow2(-(-_ROWS_IN_FLIGHT // (base * block_k * (num_stages - 1))))
+    else:
+        block_k = 64
+        k_splits = 1 << max(0, (_TARGET_PROGRAMS // base).bit_length() - 1)
+    if head_dim > 128:
+        block_k = min(block_k, 32 if head_dim <= 256 else 16)
     block_k = max(16, min(block_k, _next_pow2(max_len)))
     n_blocks = -(-max_len // block_k)
-    if block_m <= 16:
-        k_splits = _next_pow2(-(-_TARGET_PROGRAMS // base))
-    else:
-        k_splits = 1 << max(0, (_TARGET_PROGRAMS // base).bit_length() - 1)
     k_splits = max(1, min(k_splits, 64, _next_pow2(max(1, n_blocks // 4))))
     num_warps = 8 if block_m * head_dim >= 64 * 256 else 4
-    num_stages = 2 if block_m <= 16 else 3
     while num_stages > 1 and _smem_bytes(block_m, block_k, head_dim, num_stages) > _SMEM_BUDGET:
         num_stages -= 1
     return dict(block_k=block_k, k_splits=k_splits, num_warps=num_warps, num_stages=num_stages)
@@ -397,7 +320,12 @@ def _decode_call(
     args += [qf.reshape(batch * rows * d_pad), kk, vv]
     out_shape = [jax.ShapeDtypeStruct((batch * rows * d_pad,), q.dtype)]
     aliases = {}
-    if k_splits == 1:
+    split = batch * k_splits > 1  # else one program per KV head does it all
+    # Few partials per sequence: the last program to arrive merges them (no second launch, only a
+    # zeroed counter per group). Many (batch 1..4): a combine kernel merges them in parallel, where
+    # the last program alone would read them all (1 us more at batch 1).
+    merge_in_kernel = k_splits <= 2
+    if not split:
         num_slots = slot_programs = batch
     else:
         num_slots = batch * k_splits
@@ -406,16 +334,17 @@ def _decode_call(
             jax.ShapeDtypeStruct((slot_programs * rows * d_pad,), jnp.float32),
             jax.ShapeDtypeStruct((slot_programs * rows,), jnp.float32),
             jax.ShapeDtypeStruct((slot_programs * rows,), jnp.float32),
-            jax.ShapeDtypeStruct((bh * m_blocks,), jnp.int32),
         ]
-        aliases = {len(args): len(out_shape) - 1}  # the counters start at zero
-        args.append(jnp.zeros((bh * m_blocks,), jnp.int32))
+        if merge_in_kernel:
+            out_shape.append(jax.ShapeDtypeStruct((bh * m_blocks,), jnp.int32))
+            aliases = {len(args): len(out_shape) - 1}  # the counters start at zero
+            args.append(jnp.zeros((bh * m_blocks,), jnp.int32))
 
     def kernel(*refs):
         len_ref, pos_ref, *refs = refs
         tail_ref = refs.pop(0) if n_words else None
         q_ref, k_ref, v_ref, *refs = refs
-        if k_splits > 1:
+        if aliases:
             del refs[0]  # the counters' input, aliased to the last output
         out_ref, *split_refs = refs
         _decode_kernel(
@@ -434,6 +363,12 @@ def _decode_call(
         interpret=interpret,
         name="jspec_decode_attention",
     )(*args)
+    if split and not merge_in_kernel:
+        outs = [combine_partials(
+            outs[0], *outs[1:4], args[0], args[1], batch=batch, num_q=num_q, rows=rows, max_len=max_len,
+            block_k=block_k, window=window, has_tail=bool(n_words), num_slots=num_slots, k_splits=k_splits,
+            interpret=interpret,
+        )]
     return outs[0].reshape(batch, rows, d_pad)
 
 

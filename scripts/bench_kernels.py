@@ -274,9 +274,10 @@ def _attn_inputs(batch, num_q, hq, hkv, max_len, head_dim, lengths, seed=0):
 
 
 def bench_decode_one(batch, num_q, context, *, hq=32, hkv=8, head_dim=128, lengths=None, impls=("pallas", "xla", "cudnn"),
-                     inner=10, repeats=10, kernel_kw=None, device_time=True):
+                     inner=10, repeats=10, kernel_kw=None, device_time=True, device_repeats=5):
     """Wall time per call (``ms``, ``inner`` chained calls per dispatch) and, with ``device_time``,
-    the summed GPU time of the kernels of one call (``device_ms``, from the profiler)."""
+    the summed GPU time of the kernels of one call after an L2 flush (``device_ms``, from the
+    profiler; median of ``device_repeats`` calls)."""
     import jax
     import jax.numpy as jnp
 
@@ -304,8 +305,9 @@ def bench_decode_one(batch, num_q, context, *, hq=32, hkv=8, head_dim=128, lengt
             row["ms"][impl] = time_chained(step, q, *args, inner=inner, repeats=repeats) * 1e3
             if device_time:
                 one_call = functools.partial(jax.jit(step), q, *args)
-                kernels = gpu_kernel_times(one_call, flush_l2_bytes=256 << 20)
-                row["device_ms"][impl] = sum(t for _, t in kernels) * 1e3 if kernels else None
+                samples = [sum(t for _, t in gpu_kernel_times(one_call, flush_l2_bytes=256 << 20))
+                           for _ in range(device_repeats)]
+                row["device_ms"][impl] = float(np.median(samples)) * 1e3 if any(samples) else None
         except Exception as exc:  # noqa: BLE001 - e.g. cuDNN refusing a shape
             row["ms"][impl] = None
             row.setdefault("errors", {})[impl] = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -345,7 +347,8 @@ def run_decode(args, copy_tb_s=None, save=None):
         impls = ["pallas", "xla"]
         if 2 * kv_row_bytes * batch * context <= args.max_kv_gb * 1e9:  # room for cuDNN's copy
             impls.append("cudnn")
-        row = bench_decode_one(batch, num_q, context, impls=impls, inner=args.inner, repeats=args.repeats, **heads)
+        row = bench_decode_one(batch, num_q, context, impls=impls, inner=args.inner, repeats=args.repeats,
+                               device_repeats=args.device_repeats, **heads)
         row["config"] = default_config(batch, num_q, hq, hkv, context, head_dim)
         rows.append(_finish_row(row, copy_tb_s))
         if save:
@@ -359,7 +362,8 @@ def run_decode(args, copy_tb_s=None, save=None):
         for num_q in args.queries:
             lengths = np.maximum(lengths, num_q)
             row = bench_decode_one(batch, num_q, max_len, lengths=lengths, impls=["pallas", "xla", "cudnn"],
-                                   inner=args.inner, repeats=args.repeats, **heads)
+                                   inner=args.inner, repeats=args.repeats,
+                               device_repeats=args.device_repeats, **heads)
             ragged.append(_finish_row(row, copy_tb_s))
             if save:
                 save(rows, ragged)
@@ -372,7 +376,8 @@ def run_qscan(args, copy_tb_s=None):
 
     rows = []
     for batch, num_q, context in tqdm(args.qscan, desc="num_q scan", file=sys.stdout):
-        row = bench_decode_one(batch, num_q, context, impls=("pallas", "xla"), inner=args.inner, repeats=args.repeats)
+        row = bench_decode_one(batch, num_q, context, impls=("pallas", "xla"), inner=args.inner, repeats=args.repeats,
+                               device_repeats=args.device_repeats)
         rows.append(_finish_row(row, copy_tb_s))
     return rows
 
@@ -392,10 +397,11 @@ def run_sweep(args, copy_tb_s=None):
         if num_q > 1:
             shape_variants += [dict(block_k=128, num_warps=8, num_stages=2), dict(block_k=128, num_warps=4, num_stages=3),
                                dict(block_k=64, num_warps=8, num_stages=3), dict(block_k=64, num_warps=4, num_stages=2)]
-        else:
-            shape_variants += [dict(k_splits=default["k_splits"] + 1), dict(block_k=32), dict(num_warps=8),
-                               dict(num_warps=2), dict(num_stages=3), dict(block_k=128),
-                               dict(block_k=128, num_warps=8), dict(num_stages=3, k_splits=default["k_splits"] * 2)]
+        else:  # one row: how much of the cache is in flight (splits x block_k x stages), and the warps
+            other_k = 96 - default["block_k"]  # 32 <-> 64
+            shape_variants += [dict(block_k=other_k), dict(block_k=other_k, k_splits=default["k_splits"] * 2),
+                               dict(block_k=other_k, k_splits=max(1, default["k_splits"] // 2)), dict(num_stages=2),
+                               dict(num_stages=4), dict(num_warps=8), dict(block_k=128, num_stages=2)]
         jobs += [(batch, num_q, context, kw) for kw in shape_variants]
     # Rounds interleave every variant of every shape, so drift on a shared GPU hits all of them alike;
     # the default variant also times cuDNN in each round, as the yardstick.
@@ -403,7 +409,7 @@ def run_sweep(args, copy_tb_s=None):
         for batch, num_q, context, kw in tqdm(jobs, desc=f"sweep round {round_index + 1}", file=sys.stdout):
             impls = ("pallas",) if kw else ("pallas", "cudnn")
             row = bench_decode_one(batch, num_q, context, impls=impls, inner=args.inner,
-                                   repeats=max(3, args.repeats // 2), kernel_kw=kw)
+                                   repeats=max(3, args.repeats // 2), kernel_kw=kw, device_repeats=args.device_repeats)
             row.update(kernel_kw=kw, round=round_index)
             out.append(_finish_row(row, copy_tb_s))
     return out
@@ -516,6 +522,8 @@ def merge_decode(paths, out_json, out_png=None):
 def _add_timing(p):
     p.add_argument("--inner", type=int, default=10, help="dependent calls per jitted program (default 10)")
     p.add_argument("--repeats", type=int, default=10, help="timed runs; the median is reported (default 10)")
+    p.add_argument("--device-repeats", type=int, default=5,
+                   help="profiled calls per implementation; the median GPU time is reported (default 5)")
     p.add_argument("--out", type=Path, default=Path("benchmarks"), help="output folder (default benchmarks/)")
 
 

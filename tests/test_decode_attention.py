@@ -144,7 +144,7 @@ def test_lengths_one_and_max_and_frozen_kv_invariance():
     np.testing.assert_allclose(np.asarray(out_a[0, 0]), np.asarray(jnp.repeat(a["v"][0, :, 0], 4, axis=0)), rtol=1e-6)
 
 
-@pytest.mark.parametrize("k_splits", [8, 3, 1])
+@pytest.mark.parametrize("k_splits", [8, 3, 2, 1])
 def test_every_output_written_and_blind_queries_zero(k_splits):
     """Every output element is written (the interpreter NaN-fills outputs before the call), by a
     sequence's only program or by the merge of its split programs: a query that sees no row and a
@@ -211,6 +211,20 @@ def test_auto_rule_on_gpu():
     assert not use_pallas(1, 1, 32, 8, 1024, 128, bf)  # single row, tiny cache: launch-bound, XLA
     assert not use_pallas(1, 1, 32, 8, 131072, 128, jnp.float32)
     assert not use_pallas(1, 5, 32, 4, 4096, 512, bf)  # head_dim 512: measured slower
+
+
+def test_one_row_tiling_keeps_the_cache_streaming():
+    """One query row (GQA 4, Llama-3.1-8B heads): ~16k cache rows in flight over the GPU, on as few
+    programs as that takes (the H100 sweeps in benchmarks/decode_attention_tiling_h100.json)."""
+    from pallas_kernels.flash_decoding import _ROWS_IN_FLIGHT, default_config
+
+    expected = {1: (32, 32), 8: (64, 2), 16: (64, 1), 32: (32, 1)}  # batch: (block_k, k_splits)
+    for batch, (block_k, k_splits) in expected.items():
+        cfg = default_config(batch, 1, 32, 8, 16384, 128)
+        assert (cfg["block_k"], cfg["k_splits"], cfg["num_stages"]) == (block_k, k_splits, 3), batch
+        in_flight = batch * 8 * cfg["k_splits"] * cfg["block_k"] * (cfg["num_stages"] - 1)
+        assert _ROWS_IN_FLIGHT <= in_flight <= 2 * _ROWS_IN_FLIGHT, batch
+    assert default_config(1, 1, 32, 8, 512, 128)["k_splits"] == 4  # at least 4 blocks per split
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256, 512])
