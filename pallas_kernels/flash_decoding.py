@@ -14,12 +14,11 @@ split per sequence left the one long row of a ragged batch on few programs: 183 
 its programs store fp32 partials, merged (:mod:`pallas_kernels.split_kv`) in one of two ways,
 chosen by ``k_splits``: with <= 2 splits per sequence on average, by the last of the sequence's
 programs to arrive, found with an atomic count (one launch); with more (small batches), by a
-second small kernel, in parallel over the rows.
-The kernel reads q, the lengths and the positions as they
-are (no XLA preparation ops). Masks are explicit (rows past the length may hold anything, NaN
-included); K and V are passed as they are (never copied) when ``max_len`` is a multiple of
-``block_k`` (64; 32 for head_dim 256) and ``head_dim`` a power of two >= 16, and padded to whole
-blocks otherwise. The tree mask travels as per-row bit words (32 tail columns per int32).
+second small kernel, in parallel over the rows. The kernel reads q, the lengths and the positions
+as they are (no XLA preparation ops). Masks are explicit (rows past the length may hold anything,
+NaN included); K and V are passed as they are (never copied) when ``max_len`` is a multiple of
+``block_k`` and ``head_dim`` a power of two >= 16, and padded to whole blocks otherwise. The tree
+mask travels as per-row bit words (32 tail columns per int32).
 """
 
 from __future__ import annotations
@@ -349,8 +348,8 @@ def _decode_call(
         out_ref, *split_refs = refs
         _decode_kernel(
             len_ref, pos_ref, tail_ref, q_ref, k_ref, v_ref, out_ref, split_refs or None,
-            batch=batch, block_m=block_m, m_blocks=m_blocks, block_k=block_k, num_slots=num_slots, num_q=num_q, group=group,
-            num_kv_heads=num_kv_heads, max_len=max_len, qk_scale=float(scale) * _LOG2E,
+            batch=batch, block_m=block_m, m_blocks=m_blocks, block_k=block_k, num_slots=num_slots, num_q=num_q,
+            group=group, num_kv_heads=num_kv_heads, max_len=max_len, qk_scale=float(scale) * _LOG2E,
             window=None if window is None else int(window), n_words=n_words, interpret=bool(interpret),
         )
 

@@ -54,8 +54,9 @@ def _work_split(len_ref, pos_ref, *, batch, num_q, max_len, block_k, window, has
     and a uniform batch gets ``num_slots / batch`` splits per sequence, as a static split would.
     Sequence ``b`` owns the slots ``[slot_end[b] - slots[b], slot_end[b])``, at least one, so
     that every output is written; in all at most ``num_slots + batch`` slots are used. Computed
-    alike by every program from the lengths and positions alone (no XLA preparation op). Returns vectors
-    ``[b_pad]``: lengths, first block, end block, slots, slot_end; and the scalar chunk.
+    alike by every program from the lengths and positions alone (no XLA preparation op).
+    Returns vectors ``[b_pad]``: lengths, first block, end block, slots, slot_end; and the scalar
+    chunk.
     """
     b_pad = max(16, _next_pow2(batch))
     bvec = jnp.arange(b_pad, dtype=jnp.int32)
@@ -122,8 +123,8 @@ def _merge_partials(o_part, m_part, l_part, first_slot, owned, row_ok, head_row,
     return acc, total
 
 
-def _combine_kernel(len_ref, pos_ref, o_ref, m_ref, l_ref, _, out_ref, *, batch, num_q, rows, rows_per_program, max_len,
-                    block_k, window, has_tail, num_slots):
+def _combine_kernel(len_ref, pos_ref, o_ref, m_ref, l_ref, _, out_ref, *, batch, num_q, rows, rows_per_program,
+                    max_len, block_k, window, has_tail, num_slots):
     # Program (b, i) merges rows [i * rows_per_program, ...) of sequence b from the slots it owns
     # in the work split; a sequence with one slot had its output written by the main kernel (the
     # output comes in aliased, as the unnamed input).
