@@ -151,11 +151,11 @@ def make_case(seed, *, batch, num_q, num_q_heads, num_kv_heads, max_len, head_di
 
 
 def _check_split_merge(max_len_cap=None, draws=6, repeats=3):
-    """The split programs of a sequence meet through an atomic counter, and the last to arrive
-    merges their partials. Races would show as wrong or unsteady outputs, so: ragged batches with
-    fresh random lengths (0 included, rows past each length NaN) for several split counts, each
-    call repeated; every output must match the reference and repeat bit for bit (the merge runs in
-    slot order, whichever program arrives last)."""
+    """The split programs of a sequence leave partials that the last to arrive (found with an
+    atomic counter) or a combine kernel merges. Races would show as wrong or unsteady outputs,
+    so: ragged batches with fresh random lengths (0 included, rows past each length NaN) for
+    several split counts, each call repeated; every output must match the reference and repeat
+    bit for bit (the merge runs in slot order, whichever program arrives last)."""
     import jax
     import jax.numpy as jnp
 
@@ -166,6 +166,7 @@ def _check_split_merge(max_len_cap=None, draws=6, repeats=3):
     hq, hkv, head_dim = 32, 8, 128
     if jax.default_backend() != "gpu":  # interpreted: one draw, and no race to look for
         draws, repeats = 1, 1
+    ref_fn = jax.jit(lambda q, k, v, l, p: decode_attention_reference(q, k, v, l, q_positions=p))
     entries = []
     shapes = [(1, 1, 20000), (8, 1, 4096), (32, 1, 2048), (8, 5, 4096), (3, 9, 3000), (3, 1, 512)]
     for batch, num_q, max_len in shapes:
@@ -174,19 +175,14 @@ def _check_split_merge(max_len_cap=None, draws=6, repeats=3):
         default = default_config(batch, num_q, hq, hkv, max_len, head_dim)["k_splits"]
         for k_splits in sorted({2, default, 4 * default}):
             fn = jax.jit(lambda q, k, v, l, p, s=k_splits: decode_attention_pallas(q, k, v, l, q_positions=p, k_splits=s))
-            ref_fn = jax.jit(lambda q, k, v, l, p: decode_attention_reference(q, k, v, l, q_positions=p))
             worst, unsteady = 0.0, 0
             for draw in range(draws):
-                keys = jax.random.split(jax.random.key(draw), 3)
                 lengths = rng.integers(0, max_len + 1, size=batch)
                 lengths[rng.integers(batch)] = max_len
                 lengths[rng.integers(batch)] = rng.integers(0, 3)
-                lens = jnp.asarray(lengths, jnp.int32)
+                q, k, v, lens, pos = _attn_inputs(batch, num_q, hq, hkv, max_len, head_dim, lengths, seed=draw)
                 live = jnp.arange(max_len)[None, None, :, None] < lens[:, None, None, None]
-                q = jax.random.normal(keys[0], (batch, num_q, hq, head_dim), jnp.bfloat16)
-                k = jnp.where(live, jax.random.normal(keys[1], (batch, hkv, max_len, head_dim), jnp.bfloat16), jnp.nan)
-                v = jnp.where(live, jax.random.normal(keys[2], (batch, hkv, max_len, head_dim), jnp.bfloat16), jnp.nan)
-                pos = lens[:, None] - num_q + jnp.arange(num_q, dtype=jnp.int32)[None, :]
+                k, v = jnp.where(live, k, jnp.nan), jnp.where(live, v, jnp.nan)
                 outs = [np.asarray(fn(q, k, v, lens, pos), np.float32) for _ in range(repeats)]
                 ref = np.asarray(ref_fn(q, k, v, lens, pos), np.float32)
                 unsteady += sum(not np.array_equal(o, outs[0], equal_nan=True) for o in outs[1:])
