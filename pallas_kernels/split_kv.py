@@ -46,17 +46,21 @@ def _pick(values, index_vec, index):
     return jnp.sum(jnp.where(index_vec == index, values, 0))
 
 
-def _work_split(len_ref, pos_ref, *, batch, num_q, max_len, block_k, window, has_tail, num_slots):
-    """Share the visible KV blocks of the whole batch out over ``num_slots`` split programs.
+def _work_split(len_ref, pos_ref, *, batch, num_q, max_len, block_k, window, has_tail, num_programs):
+    """Share the visible KV blocks of the whole batch out evenly over ``num_programs`` split programs.
 
-    Every split reads ``chunk = ceil(total blocks / num_slots)`` blocks (the last of a sequence
-    fewer), so a ragged batch puts many splits on its long sequences and few on its short ones,
-    and a uniform batch gets ``num_slots / batch`` splits per sequence, as a static split would.
-    Sequence ``b`` owns the slots ``[slot_end[b] - slots[b], slot_end[b])``, at least one, so
-    that every output is written; in all at most ``num_slots + batch`` slots are used. Computed
-    alike by every program from the lengths and positions alone (no XLA preparation op).
-    Returns vectors ``[b_pad]``: lengths, first block, end block, slots, slot_end; and the scalar
-    chunk.
+    The sequences' visible blocks (``[lo, hi)`` each) are laid end to end, sequence 0 first, and
+    program ``p`` reads blocks ``[p * chunk, (p + 1) * chunk)`` of that line, ``chunk =
+    ceil(total / num_programs)``: every program reads the same number of blocks whatever the
+    lengths, finishing one sequence and starting the next where its chunk crosses a boundary
+    (stream-K). A uniform batch whose sequences hold a whole number of chunks gets ``num_programs /
+    batch`` splits each, as a static split would. Sequence ``b`` is read by programs ``first[b] ..
+    last[b]`` (one program for a sequence that sees nothing: it writes the zero output). The pair
+    (program ``p``, sequence ``b``) stores its partials in slot ``p + b``: a sequence's slots are
+    contiguous, ``first[b] + b ..``, and no two pairs share one (``num_programs + batch - 1``
+    slots). Computed alike by every program from the lengths and positions alone (no XLA
+    preparation op). Returns vectors ``[b_pad]``: sequence index, length, first visible block,
+    visible blocks, start on the line, first and last program; and the scalar chunk.
     """
     b_pad = max(16, _next_pow2(batch))
     bvec = jnp.arange(b_pad, dtype=jnp.int32)
@@ -71,11 +75,12 @@ def _work_split(len_ref, pos_ref, *, batch, num_q, max_len, block_k, window, has
     blk_lo, blk_hi = _block_range(lengths, pos_min, pos_max, block_k=block_k, num_q=num_q, window=window,
                                   has_tail=has_tail)
     blocks = jnp.where(b_ok, jnp.maximum(blk_hi - blk_lo, 0), 0)
-    chunk = jnp.maximum((jnp.sum(blocks) + num_slots - 1) // num_slots, 1)
-    # At least one slot each: a sequence that sees nothing still has its (zero) output written.
-    slots = jnp.where(b_ok, jnp.maximum((blocks + chunk - 1) // chunk, 1), 0)
-    slot_end = jnp.sum(jnp.where(bvec[None, :] <= bvec[:, None], slots[None, :], 0), axis=1)  # inclusive cumsum
-    return bvec, lengths, blk_lo, blk_hi, slots, slot_end, chunk
+    start = jnp.sum(jnp.where(bvec[None, :] < bvec[:, None], blocks[None, :], 0), axis=1)  # exclusive cumsum
+    chunk = jnp.maximum((jnp.sum(blocks) + num_programs - 1) // num_programs, 1)
+    # Trailing sequences that see nothing start at the end of the line: the last program takes them.
+    first = jnp.minimum(start // chunk, num_programs - 1)
+    last = jnp.where(blocks > 0, (start + blocks - 1) // chunk, first)
+    return bvec, lengths, blk_lo, blocks, start, first, last, chunk
 
 
 def _store_rows(out_ref, o, l, out_row, row_ok):
@@ -124,28 +129,33 @@ def _merge_partials(o_part, m_part, l_part, first_slot, owned, row_ok, head_row,
 
 
 def _combine_kernel(len_ref, pos_ref, o_ref, m_ref, l_ref, _, out_ref, *, batch, num_q, rows, rows_per_program,
-                    max_len, block_k, window, has_tail, num_slots):
-    # Program (b, i) merges rows [i * rows_per_program, ...) of sequence b from the slots it owns
-    # in the work split; a sequence with one slot had its output written by the main kernel (the
+                    max_len, block_k, window, has_tail, num_programs):
+    # Program (b, i) merges rows [i * rows_per_program, ...) of sequence b from its slots in the
+    # work split; a sequence read by one program had its output written by the main kernel (the
     # output comes in aliased, as the unnamed input).
     b, row_block = pl.program_id(0), pl.program_id(1)
-    bvec, _, _, _, slots, slot_end, _ = _work_split(
+    bvec, _, _, _, _, first, last, _ = _work_split(
         len_ref, pos_ref, batch=batch, num_q=num_q, max_len=max_len, block_k=block_k, window=window,
-        has_tail=has_tail, num_slots=num_slots,
+        has_tail=has_tail, num_programs=num_programs,
     )
-    owned = _pick(slots, bvec, b)
+    first, owned = _pick(first, bvec, b), _pick(last - first + 1, bvec, b)
     head_row = row_block * rows_per_program + jnp.arange(rows_per_program, dtype=jnp.int32)
     row_ok = head_row < rows
 
     @pl.when(owned > 1)
     def _():
-        o, l = _merge_partials(o_ref, m_ref, l_ref, _pick(slot_end, bvec, b) - owned, owned, row_ok, head_row,
-                               rows=rows, max_slots=_next_pow2(min(num_slots, -(-max_len // block_k))), volatile=False)
+        o, l = _merge_partials(o_ref, m_ref, l_ref, first + b, owned, row_ok, head_row, rows=rows,
+                               max_slots=_max_slots(num_programs, max_len, block_k), volatile=False)
         _store_rows(out_ref, o, l, b * rows + head_row, row_ok)
 
 
+def _max_slots(num_programs, max_len, block_k):
+    """A bound on the slots of one sequence: its blocks meet at most one program per chunk, plus one."""
+    return _next_pow2(min(num_programs, -(-max_len // block_k) + 1))
+
+
 def combine_partials(out, o_part, m_part, l_part, kv_lengths, q_positions, *, batch, num_q, rows, max_len, block_k,
-                     window, has_tail, num_slots, k_splits, interpret):
+                     window, has_tail, num_programs, k_splits, interpret):
     """The combine kernel: merges the partials of every sequence that owns several slots into
     ``out`` (flat ``[batch * rows * d_pad]``, aliased: the rows of one-slot sequences stay as the
     main kernel wrote them). Each program takes ``rows_per_program`` rows of one sequence, as many
@@ -154,7 +164,7 @@ def combine_partials(out, o_part, m_part, l_part, kv_lengths, q_positions, *, ba
     rows_per_program = max(1, min(_next_pow2(rows), 1 << (max(1, 8192 // (k_splits * d_pad)).bit_length() - 1)))
     kernel = functools.partial(
         _combine_kernel, batch=batch, num_q=num_q, rows=rows, rows_per_program=rows_per_program, max_len=max_len,
-        block_k=block_k, window=None if window is None else int(window), has_tail=has_tail, num_slots=num_slots,
+        block_k=block_k, window=None if window is None else int(window), has_tail=has_tail, num_programs=num_programs,
     )
     return pl.pallas_call(
         kernel,

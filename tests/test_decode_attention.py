@@ -244,6 +244,8 @@ def test_default_tiling_fits_shared_memory(head_dim, rows):
         ([300, 2, 17, 1], 3, None),  # one long sequence takes most of the 12 split programs
         ([300, 300, 300], 4, None),  # uniform: 4 splits each, as a static split would give
         ([1, 1, 300, 64], 2, 40),  # a window: only the last 40 rows of each sequence are shared out
+        ([144, 16, 16, 16], 1, None),  # 4 programs of 3 blocks: the last reads three whole sequences
+        ([0, 300, 0, 0, 37], 2, None),  # chunks cross sequence boundaries; empty sequences get zeros
     ],
 )
 def test_work_split_over_a_ragged_batch(lengths, k_splits, window):
