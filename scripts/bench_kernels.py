@@ -160,7 +160,7 @@ def _check_split_merge(max_len_cap=None, draws=6, repeats=3):
     import jax.numpy as jnp
 
     from pallas_kernels.decode_attention import decode_attention_pallas, decode_attention_reference
-    from pallas_kernels.flash_decoding import default_config
+    from pallas_kernels.decode_tiling import default_config
 
     rng = np.random.default_rng(1)
     hq, hkv, head_dim = 32, 8, 128
@@ -336,7 +336,7 @@ def _finish_row(row, copy_tb_s):
 def run_decode(args, copy_tb_s=None, save=None):
     from tqdm import tqdm
 
-    from pallas_kernels.flash_decoding import default_config
+    from pallas_kernels.decode_tiling import default_config
 
     hq, hkv, head_dim = args.heads
     heads = dict(hq=hq, hkv=hkv, head_dim=head_dim)
@@ -386,7 +386,7 @@ def run_qscan(args, copy_tb_s=None):
 def run_sweep(args, copy_tb_s=None):
     from tqdm import tqdm
 
-    from pallas_kernels.flash_decoding import default_config
+    from pallas_kernels.decode_tiling import default_config
 
     out = []
     shapes = args.sweep_shapes

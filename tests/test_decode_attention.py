@@ -216,7 +216,7 @@ def test_auto_rule_on_gpu():
 def test_one_row_tiling_keeps_the_cache_streaming():
     """One query row (GQA 4, Llama-3.1-8B heads): ~16k cache rows in flight over the GPU, on as few
     programs as that takes (the H100 sweeps in benchmarks/decode_attention_tiling_h100.json)."""
-    from pallas_kernels.flash_decoding import _ROWS_IN_FLIGHT, default_config
+    from pallas_kernels.decode_tiling import _ROWS_IN_FLIGHT, default_config
 
     expected = {1: (32, 32), 8: (64, 2), 16: (64, 1), 32: (32, 1)}  # batch: (block_k, k_splits)
     for batch, (block_k, k_splits) in expected.items():
@@ -230,7 +230,7 @@ def test_one_row_tiling_keeps_the_cache_streaming():
 @pytest.mark.parametrize("head_dim", [64, 128, 256, 512])
 @pytest.mark.parametrize("rows", [1, 5, 16, 128])
 def test_default_tiling_fits_shared_memory(head_dim, rows):
-    from pallas_kernels.flash_decoding import _SMEM_BUDGET, _default_config, _smem_bytes
+    from pallas_kernels.decode_tiling import _SMEM_BUDGET, _default_config, _smem_bytes
 
     block_m = max(16, min(1 << (rows * 8 - 1).bit_length(), 64))
     cfg = _default_config(1, 4, 1, 8192, head_dim, block_m)
