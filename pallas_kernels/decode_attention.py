@@ -22,8 +22,8 @@ Visibility rule (``L = min(kv_lengths[b], max_len)``, ``p_i = q_positions[b, i]`
 ``scale`` defaults to ``head_dim ** -0.5``. Softmax and accumulation are in fp32; the
 probabilities are cast to V's dtype before the PV product (as a flash kernel does).
 
-The Pallas kernel (flash-decoding with a length-balanced split of the batch's KV blocks) lives in
-:mod:`pallas_kernels.flash_decoding`.
+The Pallas kernel (flash-decoding with the batch's KV blocks shared out evenly over its programs,
+stream-K) lives in :mod:`pallas_kernels.flash_decoding`.
 
 ``impl="auto"`` (see :func:`use_pallas`): the reference on CPU; on a GPU the kernel for 16-bit
 caches except single-row decode against a tiny cache (< 2**21 K elements), where the reference's
@@ -31,9 +31,9 @@ launch-bound ~21 us wins. Recorded in ``benchmarks/decode_attention.json`` (H200
 bf16, Hq 32 / Hkv 8, head_dim 128): elsewhere the kernel is 1.07-1.55x faster than the reference
 at 1 query row, 1.2-3.3x at 5 rows, 2.1-2.6x at 16..512 rows, and reads K/V at 78-104% of the
 measured copy bandwidth at 128k context (batch 1..32). On the H100, by the kernels' GPU time
-(``benchmarks/decode_attention_h100_inflight.json``, batch 1..32, context 1k..128k): 1.5-2.2x
-faster than the reference at one query row and 1.7-7x at five, 0.94-1.04 of the copy bandwidth
-at 128k, and against cuDNN's flash attention 0.90-1.02x its time at one row, 1.6-10x faster at five.
+(``benchmarks/decode_attention_h100_inflight.json``, batch 1..32, context 1k..128k): 1.5-2.3x
+faster than the reference at one query row and 1.7-7x at five, 0.93-1.05 of the copy bandwidth
+at 128k, and against cuDNN's flash attention 0.89-1.02x its time at one row, 1.6-10x faster at five.
 
 Reproduce: ``PYTHONPATH=. python scripts/bench_kernels.py all --out benchmarks`` on the GPU.
 """
