@@ -272,12 +272,12 @@ def _decode_call(
     args += [qf.reshape(batch * rows * d_pad), kk, vv]
     out_shape = [jax.ShapeDtypeStruct((batch * rows * d_pad,), q.dtype)]
     aliases = {}
-    split = batch * k_splits > 1  # else one program per KV head does it all
+    num_programs = batch * k_splits  # per KV head and M block
+    split = num_programs > 1  # else one program per KV head does it all
     # Few partials per sequence: the last program to arrive merges them (no second launch, only a
     # zeroed counter per group). Many (batch 1..4): a combine kernel merges them in parallel, where
     # the last program alone would read them all (1 us more at batch 1).
     merge_in_kernel = k_splits <= 2
-    num_programs = batch * k_splits if split else batch  # per KV head and M block
     if split:
         slots = num_programs + batch  # one per (program, sequence) pair, see _work_split
         out_shape += [

@@ -92,6 +92,11 @@ def _store_rows(out_ref, o, l, out_row, row_ok):
                 o.astype(out_ref.dtype), mask=jnp.broadcast_to(row_ok[:, None], o.shape))
 
 
+def _max_slots(num_programs, max_len, block_k):
+    """A bound on the slots of one sequence: its blocks meet at most one program per chunk, plus one."""
+    return _next_pow2(min(num_programs, -(-max_len // block_k) + 1))
+
+
 def _merge_partials(o_part, m_part, l_part, first_slot, owned, row_ok, head_row, *, rows, max_slots, volatile):
     """Log-sum-exp merge of one group's partials, slots ``[first_slot, first_slot + owned)``, in
     slot order (the same sum whichever program arrives last). Returns ``o [n, head_dim]`` and
@@ -147,11 +152,6 @@ def _combine_kernel(len_ref, pos_ref, o_ref, m_ref, l_ref, _, out_ref, *, batch,
         o, l = _merge_partials(o_ref, m_ref, l_ref, first + b, owned, row_ok, head_row, rows=rows,
                                max_slots=_max_slots(num_programs, max_len, block_k), volatile=False)
         _store_rows(out_ref, o, l, b * rows + head_row, row_ok)
-
-
-def _max_slots(num_programs, max_len, block_k):
-    """A bound on the slots of one sequence: its blocks meet at most one program per chunk, plus one."""
-    return _next_pow2(min(num_programs, -(-max_len // block_k) + 1))
 
 
 def combine_partials(out, o_part, m_part, l_part, kv_lengths, q_positions, *, batch, num_q, rows, max_len, block_k,

@@ -306,8 +306,10 @@ def bench_decode_one(batch, num_q, context, *, hq=32, hkv=8, head_dim=128, lengt
             row["ms"][impl] = time_chained(step, q, *args, inner=inner, repeats=repeats) * 1e3
             if device_time:
                 one_call = functools.partial(jax.jit(step), q, *args)
-                samples = [sum(t for _, t in gpu_kernel_times(one_call, flush_l2_bytes=256 << 20))
-                           for _ in range(device_repeats)]
+                # Warm up (compile) once; every traced call is still cold, after its own L2 flush.
+                samples = [sum(t for _, t in gpu_kernel_times(one_call, warmup=2 if i == 0 else 0,
+                                                              flush_l2_bytes=256 << 20))
+                           for i in range(device_repeats)]
                 row["device_ms"][impl] = float(np.median(samples)) * 1e3 if any(samples) else None
         except Exception as exc:  # noqa: BLE001 - e.g. cuDNN refusing a shape
             row["ms"][impl] = None
@@ -363,8 +365,8 @@ def run_decode(args, copy_tb_s=None, save=None):
         for num_q in args.queries:
             lengths = np.maximum(lengths, num_q)
             row = bench_decode_one(batch, num_q, max_len, lengths=lengths, impls=["pallas", "xla", "cudnn"],
-                                   inner=args.inner, repeats=args.repeats,
-                               device_repeats=args.device_repeats, **heads)
+                                   inner=args.inner, repeats=args.repeats, device_repeats=args.device_repeats,
+                                   **heads)
             ragged.append(_finish_row(row, copy_tb_s))
             if save:
                 save(rows, ragged)
