@@ -178,6 +178,36 @@ def time_steps(step: Callable, state, *, warmup: int = 3, repeats: int = 10, cal
     return Timing(statistics.median(samples), float(q[0]), float(q[1]), repeats), state
 
 
+def _traced_kernels(thunks: list[Callable[[], object]]) -> list[tuple[str, float]]:
+    """``(kernel name, seconds)`` of every GPU kernel the thunks run, in launch order, from one
+    profiler trace (CUPTI): each kernel's own time on the GPU, without host dispatch or gaps."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir):
+            for thunk in thunks:
+                jax.block_until_ready(thunk())
+        data = jax.profiler.ProfileData.from_file(str(next(Path(trace_dir).rglob("*.xplane.pb"))))
+    kernels = []
+    for plane in data.planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            if not line.name.startswith("Stream"):  # "XLA Ops" / "XLA Modules" repeat the kernels
+                continue
+            kernels += [(event.start_ns, event.name, event.duration_ns * 1e-9) for event in line.events
+                        if not event.name.startswith(("Memcpy", "Memset"))]
+    return [(name, seconds) for _, name, seconds in sorted(kernels)]
+
+
+def _l2_flush(num_bytes: int) -> Callable[[], object]:
+    """A thunk that rewrites ``num_bytes``; an integer xor, so that its kernel's name is unlikely to
+    be any timed call's (:func:`interleaved_gpu_times` splits a trace at it)."""
+    buffer = jnp.zeros((num_bytes // 4,), jnp.uint32)
+    rewrite = jax.jit(lambda x: x ^ jnp.uint32(0x5A5A5A5A))
+    return lambda: rewrite(buffer)
+
+
 def gpu_kernel_times(fn: Callable[[], object], *, warmup: int = 2,
                      flush_l2_bytes: int = 0) -> list[tuple[str, float]]:
     """``(kernel name, seconds)`` of every GPU kernel that one call of ``fn()`` runs.
@@ -188,28 +218,43 @@ def gpu_kernel_times(fn: Callable[[], object], *, warmup: int = 2,
     ``flush_l2_bytes``: rewrite a buffer that large just before the traced call, so that inputs the
     warm-up left in the L2 cache are read from memory again (a cold call). Empty off a GPU.
     """
-    import tempfile
-
     if jax.default_backend() != "gpu":  # no GPU kernels to time: skip the warm-up and the trace
         return []
     for _ in range(warmup):
         jax.block_until_ready(fn())
     if flush_l2_bytes:
-        jax.block_until_ready(jnp.zeros((flush_l2_bytes // 4,), jnp.float32) + 1.0)
-    with tempfile.TemporaryDirectory() as trace_dir:
-        with jax.profiler.trace(trace_dir):
-            jax.block_until_ready(fn())
-        data = jax.profiler.ProfileData.from_file(str(next(Path(trace_dir).rglob("*.xplane.pb"))))
-    kernels = []
-    for plane in data.planes:
-        if not plane.name.startswith("/device:GPU"):
-            continue
-        for line in plane.lines:
-            if not line.name.startswith("Stream"):  # "XLA Ops" / "XLA Modules" repeat the kernels
-                continue
-            kernels += [(event.name, event.duration_ns * 1e-9) for event in line.events
-                        if not event.name.startswith(("Memcpy", "Memset"))]
-    return kernels
+        jax.block_until_ready(_l2_flush(flush_l2_bytes)())
+    return _traced_kernels([fn])
+
+
+def interleaved_gpu_times(calls: dict[str, Callable[[], object]], *, repeats: int = 5,
+                          flush_l2_bytes: int = 256 << 20) -> dict[str, list[float]]:
+    """GPU seconds per call (all its kernels) of each named thunk, ``repeats`` cold calls each.
+
+    The calls are interleaved (a, b, c, a, b, c, ...) inside one profiler trace, each after its own
+    L2 flush, so that slow drifts of the GPU (clocks, temperature) touch every candidate alike.
+    The flush kernels, recognised by name from a trace of the flush alone, separate the calls.
+    Empty lists off a GPU.
+    """
+    if jax.default_backend() != "gpu":
+        return {name: [] for name in calls}
+    flush = _l2_flush(flush_l2_bytes)
+    for thunk in (flush, *calls.values()):  # compile and warm up
+        jax.block_until_ready(thunk())
+    flush_names = {name for name, _ in _traced_kernels([flush])}
+    order = [name for _ in range(repeats) for name in calls]
+    kernels = _traced_kernels([thunk for name in order for thunk in (flush, calls[name])])
+    if sum(name in flush_names for name, _ in kernels) != len(order):
+        raise RuntimeError(f"the L2 flush kernel {sorted(flush_names)} is not a unique call separator")
+    times = {name: [] for name in calls}
+    call = -1
+    for name, seconds in kernels:
+        if name in flush_names:
+            call += 1
+            times[order[call]].append(0.0)
+        else:
+            times[order[call]][-1] += seconds
+    return times
 
 
 def copy_bandwidth(num_bytes: int = 2 << 30) -> dict:
