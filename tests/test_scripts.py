@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ["bench.py", "bench_eagle.py", "bench_kernels.py", "bench_matmul.py", "convert_hf.py", "generate.py"]
+SCRIPTS = ["bench.py", "bench_eagle.py", "bench_kernels.py", "bench_matmul.py", "convert_hf.py", "generate.py",
+           "probe_mosaic_decode.py"]
 
 
 def _run(*args, timeout=300):
@@ -85,3 +86,21 @@ def test_gpu_kernel_times_is_empty_off_a_gpu():
     assert gpu_kernel_times(lambda: jnp.ones(3) + 1, flush_l2_bytes=1 << 10) == []
     assert interleaved_gpu_times({"a": lambda: jnp.ones(3)}, flush_l2_bytes=1 << 10) == {"a": []}
 
+
+@pytest.mark.parametrize("config", [dict(), dict(k_splits=3, block_kv=128, stages=3), dict(layout="bshd")])
+def test_mosaic_probe_kernel_traces_on_cpu(config):
+    """The Mosaic GPU probe kernel cannot lower without a GPU, but tracing it checks its shapes,
+    refs and barriers against the installed jax's MGPU API."""
+    import jax
+    import jax.numpy as jnp
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from probe_mosaic_decode import mosaic_decode_attention
+
+    batch, max_len = 3, 1024
+    q = jax.ShapeDtypeStruct((batch, 1, 8, 128), jnp.bfloat16)
+    kv_shape = (batch, 2, max_len, 128) if config.get("layout", "bnth") == "bnth" else (batch, max_len, 2, 128)
+    kv = jax.ShapeDtypeStruct(kv_shape, jnp.bfloat16)
+    lengths = jax.ShapeDtypeStruct((batch,), jnp.int32)
+    traced = jax.jit(lambda *a: mosaic_decode_attention(*a, **config)).trace(q, kv, kv, lengths)
+    assert traced.out_info.shape == q.shape
