@@ -91,16 +91,19 @@ def test_gpu_kernel_times_is_empty_off_a_gpu():
 def test_mosaic_probe_kernel_traces_on_cpu(config):
     """The Mosaic GPU probe kernel cannot lower without a GPU, but tracing it checks its shapes,
     refs and barriers against the installed jax's MGPU API."""
+    import importlib.util
+
     import jax
     import jax.numpy as jnp
 
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from probe_mosaic_decode import mosaic_decode_attention
+    spec = importlib.util.spec_from_file_location("probe_mosaic_decode", ROOT / "scripts" / "probe_mosaic_decode.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
 
     batch, max_len = 3, 1024
     q = jax.ShapeDtypeStruct((batch, 1, 8, 128), jnp.bfloat16)
     kv_shape = (batch, 2, max_len, 128) if config.get("layout", "bnth") == "bnth" else (batch, max_len, 2, 128)
     kv = jax.ShapeDtypeStruct(kv_shape, jnp.bfloat16)
     lengths = jax.ShapeDtypeStruct((batch,), jnp.int32)
-    traced = jax.jit(lambda *a: mosaic_decode_attention(*a, **config)).trace(q, kv, kv, lengths)
+    traced = jax.jit(lambda *a: probe.mosaic_decode_attention(*a, **config)).trace(q, kv, kv, lengths)
     assert traced.out_info.shape == q.shape
