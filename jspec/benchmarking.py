@@ -257,6 +257,22 @@ def interleaved_gpu_times(calls: dict[str, Callable[[], object]], *, repeats: in
     return times
 
 
+def decode_attention_inputs(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, lengths, *,
+                            seed=0, poison=False):
+    """Random bf16 ``q [batch, num_q, num_q_heads, head_dim]`` and caches ``k, v [batch, num_kv_heads,
+    max_len, head_dim]``, ``kv_lengths`` from ``lengths`` and ``q_positions`` = the last ``num_q``
+    rows of each length. ``poison``: NaN in every cache row past each length (nothing may read it)."""
+    keys = jax.random.split(jax.random.key(seed), 3)
+    q = jax.random.normal(keys[0], (batch, num_q, num_q_heads, head_dim), jnp.bfloat16)
+    k, v = (jax.random.normal(key, (batch, num_kv_heads, max_len, head_dim), jnp.bfloat16) for key in keys[1:])
+    kv_lengths = jnp.asarray(lengths, jnp.int32)
+    if poison:
+        past = jnp.arange(max_len)[None, None, :, None] >= kv_lengths[:, None, None, None]
+        k, v = jnp.where(past, jnp.nan, k), jnp.where(past, jnp.nan, v)
+    q_positions = kv_lengths[:, None] - num_q + jnp.arange(num_q, dtype=jnp.int32)[None, :]
+    return q, k, v, kv_lengths, q_positions
+
+
 def copy_bandwidth(num_bytes: int = 2 << 30) -> dict:
     """Device copy bandwidth (bytes read + written per second), best of the methods available.
 

@@ -157,8 +157,8 @@ def _check_split_merge(max_len_cap=None, draws=6, repeats=3):
     several split counts, each call repeated; every output must match the reference and repeat
     bit for bit (the merge runs in slot order, whichever program arrives last)."""
     import jax
-    import jax.numpy as jnp
 
+    from jspec.benchmarking import decode_attention_inputs
     from pallas_kernels.decode_attention import decode_attention_pallas, decode_attention_reference
     from pallas_kernels.decode_tiling import default_config
 
@@ -180,9 +180,8 @@ def _check_split_merge(max_len_cap=None, draws=6, repeats=3):
                 lengths = rng.integers(0, max_len + 1, size=batch)
                 lengths[rng.integers(batch)] = max_len
                 lengths[rng.integers(batch)] = rng.integers(0, 3)
-                q, k, v, lens, pos = _attn_inputs(batch, num_q, hq, hkv, max_len, head_dim, lengths, seed=draw)
-                live = jnp.arange(max_len)[None, None, :, None] < lens[:, None, None, None]
-                k, v = jnp.where(live, k, jnp.nan), jnp.where(live, v, jnp.nan)
+                q, k, v, lens, pos = decode_attention_inputs(batch, num_q, hq, hkv, max_len, head_dim, lengths,
+                                                             seed=draw, poison=True)
                 outs = [np.asarray(fn(q, k, v, lens, pos), np.float32) for _ in range(repeats)]
                 ref = np.asarray(ref_fn(q, k, v, lens, pos), np.float32)
                 unsteady += sum(not np.array_equal(o, outs[0], equal_nan=True) for o in outs[1:])
@@ -261,19 +260,6 @@ def run_check(max_len_cap=None):
 # ---------------------------------------------------------------------------------------------
 
 
-def _attn_inputs(batch, num_q, hq, hkv, max_len, head_dim, lengths, seed=0):
-    import jax
-    import jax.numpy as jnp
-
-    keys = jax.random.split(jax.random.key(seed), 3)
-    q = jax.random.normal(keys[0], (batch, num_q, hq, head_dim), jnp.bfloat16)
-    k = jax.random.normal(keys[1], (batch, hkv, max_len, head_dim), jnp.bfloat16)
-    v = jax.random.normal(keys[2], (batch, hkv, max_len, head_dim), jnp.bfloat16)
-    lens = jnp.asarray(lengths, jnp.int32)
-    pos = lens[:, None] - num_q + jnp.arange(num_q, dtype=jnp.int32)[None, :]
-    return q, k, v, lens, pos
-
-
 def bench_decode_one(batch, num_q, context, *, hq=32, hkv=8, head_dim=128, lengths=None, impls=("pallas", "xla", "cudnn"),
                      inner=10, repeats=10, kernel_kw=None, device_time=True, device_repeats=5):
     """Wall time per call (``ms``, ``inner`` chained calls per dispatch) and, with ``device_time``,
@@ -282,12 +268,12 @@ def bench_decode_one(batch, num_q, context, *, hq=32, hkv=8, head_dim=128, lengt
     import jax
     import jax.numpy as jnp
 
-    from jspec.benchmarking import gpu_kernel_times
+    from jspec.benchmarking import decode_attention_inputs, gpu_kernel_times
 
     from pallas_kernels.decode_attention import decode_attention_pallas, decode_attention_reference
 
     lengths = [context] * batch if lengths is None else list(lengths)
-    q, k, v, lens, pos = _attn_inputs(batch, num_q, hq, hkv, context, head_dim, lengths)
+    q, k, v, lens, pos = decode_attention_inputs(batch, num_q, hq, hkv, context, head_dim, lengths)
     kv_bytes = 2 * hkv * head_dim * 2 * int(sum(lengths))
     row = dict(batch=batch, num_q=num_q, max_len=context, mean_length=float(np.mean(lengths)), kv_bytes=kv_bytes, ms={})
     kernel_kw = kernel_kw or {}

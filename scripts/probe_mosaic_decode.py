@@ -173,24 +173,14 @@ def mosaic_decode_attention(q, k, v, kv_lengths, *, block_kv=64, stages=2, k_spl
     return out.reshape(batch, num_q, num_q_heads, head_dim)
 
 
-def _inputs(batch, max_len, lengths, *, seed=0, poison=False, hq=32, hkv=8, head_dim=128):
-    keys = jax.random.split(jax.random.key(seed), 3)
-    q = jax.random.normal(keys[0], (batch, 1, hq, head_dim), jnp.bfloat16)
-    k, v = (jax.random.normal(key, (batch, hkv, max_len, head_dim), jnp.bfloat16) for key in keys[1:])
-    lengths = jnp.asarray(lengths, jnp.int32)
-    if poison:  # NaN in every cache row past each length
-        past = jnp.arange(max_len)[None, None, :, None] >= lengths[:, None, None, None]
-        k, v = jnp.where(past, jnp.nan, k), jnp.where(past, jnp.nan, v)
-    return q, k, v, lengths, (lengths - 1)[:, None]
-
-
 def check(cases):
     """Max |MGPU - reference| on ragged batches with NaN past each length."""
+    from jspec.benchmarking import decode_attention_inputs
     from pallas_kernels.decode_attention import decode_attention_reference
 
     results = []
     for batch, max_len, lengths, kw in cases:
-        q, k, v, lens, pos = _inputs(batch, max_len, lengths, seed=1, poison=True)
+        q, k, v, lens, pos = decode_attention_inputs(batch, 1, 32, 8, max_len, 128, lengths, seed=1, poison=True)
         got = jax.jit(functools.partial(mosaic_decode_attention, **kw))(q, k, v, lens).astype(jnp.float32)
         want = decode_attention_reference(q, k, v, lens, q_positions=pos).astype(jnp.float32)
         results.append(dict(batch=batch, max_len=max_len, lengths=lengths, config=kw,
@@ -202,10 +192,10 @@ def time_shape(batch, context, configs, repeats, rounds):
     """Median GPU microseconds per cold call of each candidate, uniform lengths."""
     from jax._src.cudnn.fused_attention_stablehlo import dot_product_attention as cudnn_private
 
-    from jspec.benchmarking import interleaved_gpu_times
+    from jspec.benchmarking import decode_attention_inputs, interleaved_gpu_times
     from pallas_kernels.decode_attention import decode_attention_pallas, decode_attention_reference
 
-    q, k, v, lens, pos = _inputs(batch, context, [context] * batch)
+    q, k, v, lens, pos = decode_attention_inputs(batch, 1, 32, 8, context, 128, [context] * batch)
     k_bshd, v_bshd = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
     public_cudnn = functools.partial(jax.nn.dot_product_attention, implementation="cudnn")
     candidates = {
