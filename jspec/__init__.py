@@ -1,31 +1,65 @@
-"""jspec: speculative decoding for LLMs in JAX, written as pure functions."""
+"""jspec: speculative decoding for LLMs in JAX, written as pure functions.
 
-from jspec.checkpoint import load_hf, restore, save
-from jspec.config import LlamaConfig
-from jspec.gemma4_config import Gemma4Config
+The front doors: ``load_hf`` / ``save`` / ``restore`` (checkpoints), ``generate`` and ``score``
+(plain decoding), ``speculative_generate`` with a drafter from ``jspec.drafters``.
+"""
+
+import warnings as _warnings
+from pathlib import Path as _Path
+
+from jspec import drafters, io
 from jspec.engine import generate, score
+from jspec.io import restore, save
 from jspec.kv import KVCache
 from jspec.models import forward, init_params  # dispatch on the model family
-from jspec.models.llama import Model
+from jspec.models.base import Capture
+from jspec.models.gemma4 import Gemma4Config
+from jspec.models.llama import LlamaConfig, Model
 from jspec.sampling import SamplingParams
+from jspec.speculative import SpecResult, speculative_generate
+
+
+def load_hf(path, *, dtype=None, progress: bool = False):
+    """Load an HF target checkpoint directory (Llama 3 / Qwen2 / Qwen3 / Gemma 4); see
+    ``jspec.io.load_hf``.
+
+    Deprecated for drafter heads: an EAGLE-3 head directory still gives its ``Eagle3Head``,
+    with a ``DeprecationWarning``; use ``jspec.drafters.Eagle3.load(path)``.
+    """
+    if drafters.eagle3.is_eagle3_config(io.safetensors.read_json(_Path(path) / "config.json")):
+        _warnings.warn(
+            "jspec.load_hf on an EAGLE-3 head is deprecated; use jspec.drafters.Eagle3.load(path)",
+            DeprecationWarning, stacklevel=2,
+        )
+        return drafters.eagle3.load_head(path, dtype=dtype)
+    return io.load_hf(path, dtype=dtype, progress=progress)
+
+
+def load_hf_mtp(path, *, dtype=None):
+    """Deprecated: the ``MTPHead`` of a target checkpoint; use ``jspec.drafters.MTP.load(path)``."""
+    _warnings.warn(
+        "jspec.load_hf_mtp is deprecated; use jspec.drafters.MTP.load(path)", DeprecationWarning, stacklevel=2
+    )
+    return drafters.mtp.load_head(path, dtype=dtype)
+
 
 __all__ = [
+    "Capture",
     "Gemma4Config",
     "KVCache",
     "LlamaConfig",
     "Model",
     "SamplingParams",
+    "SpecResult",
+    "drafters",
     "forward",
     "generate",
     "init_params",
+    "io",
     "load_hf",
+    "load_hf_mtp",
     "restore",
     "save",
     "score",
+    "speculative_generate",
 ]
-
-from jspec import drafters  # noqa: E402
-from jspec.speculative import SpecResult, speculative_generate  # noqa: E402
-from jspec.drafter_checkpoint import load_hf_mtp  # noqa: E402
-
-__all__ += ["SpecResult", "drafters", "load_hf_mtp", "speculative_generate"]

@@ -16,6 +16,7 @@ import numpy as np
 
 from jspec.kv import KVCache
 from jspec.models import AnyModel as Model, forward
+from jspec.models.base import NO_CAPTURE, Capture
 from jspec.sampling import SamplingParams, sample
 
 # Prompt and cache lengths are rounded up so that a handful of compiled shapes serve all inputs.
@@ -91,15 +92,18 @@ def is_eos(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
     return hit
 
 
-def prefill(model: Model, tokens: jax.Array, prompt_lengths: jax.Array, kv: KVCache, *, capture=(), impl="auto"):
+def prefill(
+    model: Model, tokens: jax.Array, prompt_lengths: jax.Array, kv: KVCache, *, capture: Capture = NO_CAPTURE, impl="auto"
+):
     """Run right-padded prompts ``tokens [batch, width]`` into an empty cache.
 
     Only the last real row of each prompt gets the LM head. Returns (fp32 logits
     ``[batch, vocab]``, captured features ``[batch, width, hidden]`` each, cache holding
     exactly ``prompt_lengths`` rows per sequence).
     """
-    logits, features, kv = forward(model, tokens, kv, capture=capture, logits_rows=prompt_lengths - 1, impl=impl)
-    return logits, features, kv.truncate(prompt_lengths)
+    last_rows = (prompt_lengths - 1)[:, None]
+    logits, features, kv = forward(model, tokens, kv, capture=capture, logits_rows=last_rows, impl=impl)
+    return logits[:, 0], features, kv.truncate(prompt_lengths)
 
 
 @jax.tree_util.register_dataclass
@@ -120,8 +124,9 @@ def decode_step(model: Model, state: DecodeState, *, params: SamplingParams, eos
     """Feed ``last_token``, sample the next one. Finished sequences keep their output."""
     batch = state.last_token.shape[0]
     logits, _, kv = forward(
-        model, state.last_token[:, None], state.kv, logits_rows=jnp.zeros((batch,), jnp.int32), impl=impl
+        model, state.last_token[:, None], state.kv, logits_rows=jnp.zeros((batch, 1), jnp.int32), impl=impl
     )
+    logits = logits[:, 0]
     key, sub = jax.random.split(state.key)
     token = sample(sub, logits, params)
     live = ~state.done

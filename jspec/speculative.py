@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec import verify
-from jspec.drafters.base import CommitContext, PrefillContext, RoundContext
+from jspec.drafters.base import CommitContext, Drafter, PrefillContext, RoundContext
 from jspec.engine import cache_length, eos_tuple, is_eos, output_width, pad_prompts, prefill, validate_prompts
 from jspec.kv import KVCache
 from jspec.models import AnyModel as Model, forward
@@ -65,7 +65,7 @@ def _last_row_features(features, rows):
     return tuple(jnp.take_along_axis(f, rows[:, None, None], axis=1)[:, 0] for f in features)
 
 
-def start(target, drafter, tokens, prompt_lengths, key, *, params, eos_ids, capacity, max_len, impl="auto"):
+def start(target, drafter: Drafter, tokens, prompt_lengths, key, *, params, eos_ids, capacity, max_len, impl="auto"):
     """Target and draft prefill, first token sampled: the initial ``SpecState``."""
     batch, width = tokens.shape
     kv = target.init_cache(batch, max_len)
@@ -91,9 +91,13 @@ def start(target, drafter, tokens, prompt_lengths, key, *, params, eos_ids, capa
 
 
 def speculative_round(
-    target: Model, drafter, state: SpecState, *, num_draft_tokens, params, eos_ids, max_new_tokens, impl="auto"
+    target: Model, drafter: Drafter, state: SpecState, *, num_draft_tokens, params, eos_ids, max_new_tokens, impl="auto"
 ) -> SpecState:
-    """One round: propose k drafts, verify them in one target forward, accept, commit."""
+    """One round: propose k drafts, verify them in one target forward, accept, commit.
+
+    ``drafter`` must be bound to ``target`` (``drafter.bind(target)``, which
+    ``speculative_generate`` does).
+    """
     k = num_draft_tokens
     key, draft_key, accept_key = jax.random.split(state.key, 3)
     base = state.target_kv.lengths
@@ -131,7 +135,7 @@ def speculative_round(
     history = jnp.where(live[:, None], jax.vmap(put)(state.history, emitted, base + 1), state.history)
 
     committed = jnp.where(live, num_accepted + 1, 0)  # root + accepted drafts enter the cache
-    target_kv = dataclasses.replace(target_kv, lengths=base + committed)
+    target_kv = target_kv.truncate(base + committed)
     draft_state = drafter.commit(
         draft_state, CommitContext(base, verify_tokens, num_accepted, next_token, features)
     )
@@ -204,9 +208,10 @@ def speculative_generate(
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, (int, np.integer)) or num_draft_tokens < 1:
         raise ValueError(f"num_draft_tokens must be an int >= 1, got {num_draft_tokens!r}")
+    if not isinstance(drafter, Drafter):
+        raise ValueError(f"drafter must implement jspec.drafters.Drafter, got {type(drafter).__name__}")
     drafter.check_compatible(target)
-    if hasattr(drafter, "bind"):
-        drafter = drafter.bind(target)
+    drafter = drafter.bind(target)
     prompts = validate_prompts(prompts, c.vocab_size, max_new_tokens, c.max_position_embeddings)
     longest = max(len(p) for p in prompts) + max_new_tokens
     # A verify writes k+1 rows after the last committed token, so positions run up to k past the end.

@@ -106,7 +106,7 @@ def check_parity(target, drafter, ref_dir: Path, *, atol=2e-4):
     shifted = jnp.concatenate([tokens[:, 1:], jnp.zeros((batch, 1), tokens.dtype)], axis=1)
     row_tokens = jnp.where(jnp.arange(width)[None] == last[:, None], first[:, None], shifted)
     kv = drafter._init_kv(batch, 64, drafter._layer.o.dtype)
-    x_all, _ = drafter.run_rows(kv, row_tokens, drafter._target_features(features), from_target=True)
+    x_all, _ = drafter.run_rows(kv, row_tokens, drafter.target_features(features), from_target=True)
     logits_all = drafter._logits(x_all)
     for b in range(batch):
         n = int(lengths[b])
@@ -123,7 +123,7 @@ def check_parity(target, drafter, ref_dir: Path, *, atol=2e-4):
     np.testing.assert_array_equal(drafts, want)
 
     # Chained logits step by step, feeding the reference drafts.
-    kv, x = dataclasses.replace(dstate.kv, lengths=lengths), dstate.hidden
+    kv, x = dstate.kv, dstate.hidden  # prefill left the draft cache at the prompt lengths
     draft_ids = [np.asarray(ref[f"draft_tokens_{b}"]) for b in range(batch)]
     for step in range(steps):
         logits = drafter._logits(x)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import jax
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
@@ -25,12 +26,20 @@ def eagle3_dir(tmp_path_factory):
 @pytest.mark.parametrize("case", ["eagle3", "eagle3-own"])
 def test_head_parity_with_torch_reference(eagle3_dir, case):
     target = jspec.load_hf(eagle3_dir / "target")
-    head = jspec.load_hf(eagle3_dir / case)
-    assert isinstance(head, Eagle3Head)
-    drafter = Eagle3(head).bind(target)
+    drafter = Eagle3.load(eagle3_dir / case)
+    assert isinstance(drafter.head, Eagle3Head)
     ref = np.load(eagle3_dir / case / "reference.npz")
-    assert drafter.capture == tuple(ref["aux_layers"].tolist())
-    check_parity(target, Eagle3(head), eagle3_dir / case)
+    assert drafter.bind(target).capture == jspec.Capture(residuals=tuple(ref["aux_layers"].tolist()))
+    check_parity(target, drafter, eagle3_dir / case)
+
+
+def test_load_hf_on_a_head_is_a_deprecated_alias(eagle3_dir):
+    with pytest.warns(DeprecationWarning, match="Eagle3.load"):
+        head = jspec.load_hf(eagle3_dir / "eagle3")
+    assert isinstance(head, Eagle3Head)
+    assert jax.tree.all(jax.tree.map(np.array_equal, head, Eagle3.load(eagle3_dir / "eagle3").head))
+    with pytest.raises(ValueError, match="is not an EAGLE-3 head"):
+        Eagle3.load(eagle3_dir / "target")
 
 
 # (seed, batch, k, eos, target overrides, head options)
@@ -72,30 +81,29 @@ def test_bad_checkpoints_raise(eagle3_dir, tmp_path):
 
     bad = _copy(good, tmp_path / "no-d2t", tensors=drop("d2t"))
     with pytest.raises(ValueError, match="missing 'd2t'"):
-        jspec.load_hf(bad)
+        Eagle3.load(bad)
     bad = _copy(good, tmp_path / "no-norm", tensors=drop("midlayer.hidden_norm.weight"))
     with pytest.raises(ValueError, match="missing tensor.*midlayer.hidden_norm.weight"):
-        jspec.load_hf(bad)
+        Eagle3.load(bad)
     bad = _copy(good, tmp_path / "extra", tensors=lambda t: t | {"fc2.weight": t["fc.weight"]})
     with pytest.raises(ValueError, match="unexpected tensor.*fc2.weight"):
-        jspec.load_hf(bad)
+        Eagle3.load(bad)
     bad = _copy(good, tmp_path / "fc-shape", tensors=lambda t: t | {"fc.weight": t["fc.weight"][:, :100]})
     with pytest.raises(ValueError, match="'fc.weight' has shape"):
-        jspec.load_hf(bad)
+        Eagle3.load(bad)
     # A head trained for a 48-wide target: loads, but not for this 64-wide target.
     bad = _copy(good, tmp_path / "fc-width", config=lambda c: c | {"target_hidden_size": 48},
                 tensors=lambda t: t | {"fc.weight": np.ascontiguousarray(t["fc.weight"][:, :144])})
-    head = jspec.load_hf(bad)
     with pytest.raises(ValueError, match="wrong fc width"):
-        jspec.speculative_generate(target, Eagle3(head), [[1, 2]], 4)
+        jspec.speculative_generate(target, Eagle3.load(bad), [[1, 2]], 4)
     # Captured layer ids outside the target (3 layers).
     bad = _copy(good, tmp_path / "ids", config=lambda c: c | {"aux_layers_hf_index": [0, 1, 7]})
     with pytest.raises(ValueError, match=r"layer ids \[0, 1, 7\] are out of range for a target with 3 layers"):
-        Eagle3(jspec.load_hf(bad)).bind(target)
+        Eagle3.load(bad).bind(target)
     bad = _copy(good, tmp_path / "neg", config=lambda c: c | {"eagle_aux_hidden_state_layer_ids": [-1, 1, 2]})
     with pytest.raises(ValueError, match="out of range"):
-        jspec.load_hf(bad)
+        Eagle3.load(bad)
     bad = _copy(good, tmp_path / "vocab", config=lambda c: c | {"vocab_size": 170},
                 tensors=lambda t: t | {"t2d": np.zeros(170, bool)})
     with pytest.raises(ValueError, match="vocab_size 170 != target vocab_size 160"):
-        Eagle3(jspec.load_hf(bad)).bind(target)
+        Eagle3.load(bad).bind(target)

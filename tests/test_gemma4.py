@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec import benchmarking
+from jspec.bench import common as benchmarking
 from jspec.drafters import MTP, DraftModel, Eagle3, NGram, init_mtp_head
-from jspec.models import FINAL_NORMED, forward, gemma4
+from jspec.models import Capture, forward, gemma4
 from tests.tiny import TINY, TINY_GEMMA4, eagle3_head, tiny_gemma4
 
 MAX_NEW = 16
@@ -31,26 +31,26 @@ def test_cache_holds_only_layers_that_own_kv():
 
 
 def test_forward_contract_matches_llama():
-    """Incremental decoding equals one full pass; logits_rows / capture / () behave as for Llama."""
+    """Incremental decoding equals one full pass; logits_rows / capture / compute_logits behave as for Llama."""
     model = tiny_gemma4(1)
     tokens = jax.random.randint(jax.random.key(2), (2, 12), 0, model.config.vocab_size)
     run = jax.jit(forward, static_argnames="capture")
-    full, feats, kv = run(model, tokens, model.init_cache(2, 16), capture=(0, 3, 4, FINAL_NORMED))
+    full, feats, kv = run(model, tokens, model.init_cache(2, 16), capture=Capture(residuals=(0, 3, 4), final_normed=True))
     assert full.dtype == jnp.float32 and full.shape == (2, 12, 97)
     assert [f.shape for f in feats] == [(2, 12, 64)] * 4
     assert (np.asarray(kv.lengths) == 12).all()
     assert np.abs(full).max() <= 30.0  # soft-capped
 
-    logits, _, kv = jax.jit(lambda m, t, kv: forward(m, t, kv, logits_rows=()))(model, tokens[:, :7], model.init_cache(2, 16))
+    logits, _, kv = jax.jit(lambda m, t, kv: forward(m, t, kv, compute_logits=False))(model, tokens[:, :7], model.init_cache(2, 16))
     assert logits is None
     step, _, kv = run(model, tokens[:, 7:9], kv, logits_rows=jnp.array([[0, 1], [1, 0]]))
     expected = np.stack([full[0, jnp.array([7, 8])], full[1, jnp.array([8, 7])]])
     np.testing.assert_allclose(step, expected, rtol=1e-5, atol=1e-5)
-    last, _, _ = run(model, tokens[:, 9:], kv, logits_rows=jnp.array([2, 0]))
-    np.testing.assert_allclose(last, full[jnp.arange(2), jnp.array([11, 9])], rtol=1e-5, atol=1e-5)
+    last, _, _ = run(model, tokens[:, 9:], kv, logits_rows=jnp.array([[2], [0]]))
+    np.testing.assert_allclose(last[:, 0], full[jnp.arange(2), jnp.array([11, 9])], rtol=1e-5, atol=1e-5)
     # Capturing a KV-shared layer's input keeps all rows through it: same logits, full feature.
-    rows, (late,), _ = run(model, tokens, model.init_cache(2, 16), capture=(3,), logits_rows=jnp.array([5, -1]))
-    np.testing.assert_allclose(rows, full[jnp.arange(2), jnp.array([5, 11])], rtol=1e-5, atol=1e-5)
+    rows, (late,), _ = run(model, tokens, model.init_cache(2, 16), capture=Capture(residuals=(3,)), logits_rows=jnp.array([[5], [-1]]))
+    np.testing.assert_allclose(rows[:, 0], full[jnp.arange(2), jnp.array([5, 11])], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(late, feats[1], rtol=1e-5, atol=1e-5)
 
 

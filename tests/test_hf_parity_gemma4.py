@@ -13,7 +13,6 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import jspec
-from jspec.gemma4_config import gemma4_config_from_hf
 from jspec.models import gemma4
 
 
@@ -98,7 +97,7 @@ def _text_config(hf_gemma4, **changes):
 )
 def test_unsupported_config_is_rejected(hf_gemma4, changes, match):
     with pytest.raises(ValueError, match=match):
-        gemma4_config_from_hf(_text_config(hf_gemma4, **changes))
+        gemma4.from_hf_config(_text_config(hf_gemma4, **changes))
 
 
 def test_released_config_form_is_read(hf_gemma4):
@@ -106,8 +105,8 @@ def test_released_config_form_is_read(hf_gemma4):
     num_global_key_value_heads rather than transformers 5.23's per_layer_config."""
     cfg = _text_config(hf_gemma4, global_head_dim=32, num_global_key_value_heads=1)
     del cfg["per_layer_config"]
-    assert gemma4_config_from_hf(cfg) == jspec.load_hf(hf_gemma4 / "gemma4").config
+    assert gemma4.from_hf_config(cfg) == jspec.load_hf(hf_gemma4 / "gemma4").config
     wrapped = dict(architectures=["Gemma4ForConditionalGeneration"], model_type="gemma4", text_config=cfg)
-    assert gemma4_config_from_hf(wrapped).architecture == "Gemma4ForConditionalGeneration"
+    assert gemma4.from_hf_config(wrapped).architecture == "Gemma4ForConditionalGeneration"
     with pytest.raises(ValueError, match="text_config"):
-        gemma4_config_from_hf(dict(architectures=["Gemma4ForConditionalGeneration"]))
+        gemma4.from_hf_config(dict(architectures=["Gemma4ForConditionalGeneration"]))

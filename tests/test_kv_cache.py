@@ -41,7 +41,7 @@ def test_stale_rows_are_never_read():
     model = tiny_model()
     prompt = jax.random.randint(jax.random.key(1), (2, 9), 0, model.config.vocab_size)
     kv = model.init_cache(2, 32)
-    _, _, kv = forward(model, prompt, kv, logits_rows=())
+    _, _, kv = forward(model, prompt, kv, compute_logits=False)
     # Ragged: sequence 0 rejects its last 4 rows, as after a partly rejected draft.
     kv = kv.truncate(jnp.array([5, 9]))
     step = jnp.array([[3, 4, 5], [6, 7, 8]])
@@ -55,7 +55,7 @@ def test_truncated_cache_continues_like_a_fresh_prefill():
     model = tiny_model()
     tokens = jax.random.randint(jax.random.key(2), (1, 12), 0, model.config.vocab_size)
     # Write 12 rows, keep 7, then continue with rows 7..11: same logits as one pass over all 12.
-    _, _, kv = forward(model, tokens, model.init_cache(1, 16), logits_rows=())
+    _, _, kv = forward(model, tokens, model.init_cache(1, 16), compute_logits=False)
     kv = kv.truncate(jnp.array([7]))
     continued, _, kv = forward(model, tokens[:, 7:], kv)
     full, _, _ = forward(model, tokens, model.init_cache(1, 16))

@@ -19,7 +19,7 @@ def _prefill_then_decode(model, tokens, *, impl):
     kv = model.init_cache(tokens.shape[0], 128)
     prefill_logits, _, kv = forward(model, tokens, kv, impl=impl)
     kv = kv.truncate(jnp.array([4, tokens.shape[1]]))  # ragged: sequence 0 drops two rows
-    step_logits, _, _ = forward(model, tokens[:, :1], kv, logits_rows=jnp.zeros(2, jnp.int32), impl=impl)
+    step_logits, _, _ = forward(model, tokens[:, :1], kv, logits_rows=jnp.zeros((2, 1), jnp.int32), impl=impl)
     return prefill_logits, step_logits
 
 

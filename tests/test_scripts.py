@@ -81,7 +81,7 @@ def test_generate_default_model():
 def test_gpu_kernel_times_is_empty_off_a_gpu():
     import jax.numpy as jnp
 
-    from jspec.benchmarking import gpu_kernel_times, interleaved_gpu_times
+    from jspec.bench.common import gpu_kernel_times, interleaved_gpu_times
 
     assert gpu_kernel_times(lambda: jnp.ones(3) + 1, flush_l2_bytes=1 << 10) == []
     assert interleaved_gpu_times({"a": lambda: jnp.ones(3)}, flush_l2_bytes=1 << 10) == {"a": []}

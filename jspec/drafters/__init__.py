@@ -1,19 +1,25 @@
-"""Drafters: each proposes draft tokens for the target through the same three functions
-(``prefill``, ``propose``, ``commit``; see ``jspec.drafters.base``)."""
+"""Drafters: each proposes draft tokens for the target through the protocol written in
+``jspec.drafters.base`` (``capture``, ``check_compatible``, ``bind``, ``max_positions``,
+``prefill``, ``propose``, ``commit``); the ones with weights load through ``Drafter.load(path)``."""
 
+from jspec.drafters.base import CommitContext, Drafter, PrefillContext, RoundContext
 from jspec.drafters.draft_model import DraftModel
 from jspec.drafters.eagle3 import Eagle3, Eagle3Config, Eagle3Head, init_eagle3_head
 from jspec.drafters.mtp import MTP, MTPHead, init_mtp_head
 from jspec.drafters.ngram import NGram
 
 __all__ = [
+    "CommitContext",
     "DraftModel",
+    "Drafter",
     "Eagle3",
     "Eagle3Config",
     "Eagle3Head",
     "MTP",
     "MTPHead",
     "NGram",
+    "PrefillContext",
+    "RoundContext",
     "init_eagle3_head",
     "init_mtp_head",
 ]

@@ -1,32 +1,31 @@
-"""The drafter protocol and the contexts a speculation round hands to a drafter.
+"""The drafter protocol, and the contexts a speculation round hands to a drafter.
 
-A drafter is a pytree (its parameters are leaves, its settings static) with:
+A drafter is a registered dataclass pytree (``jax.tree_util.register_dataclass``): its
+parameters are leaves, its settings static fields. The round (``jspec.speculative``) uses
+exactly the members of :class:`Drafter`; ``speculative_generate`` calls ``check_compatible``
+and ``bind`` once on the host, then runs ``prefill`` and, per round, ``propose`` and
+``commit`` inside one jitted program.
 
-* ``capture``: the target hidden states it reads (``forward``'s ``capture=`` keys).
-* ``prefill(ctx: PrefillContext, *, max_len) -> dstate``: after the target prefill and the
-  first sampled token (``ctx.next_token``).
-* ``propose(dstate, ctx: RoundContext, *, num_draft_tokens, params, key)
-  -> (draft_tokens [batch, k] int32, draft_probs [batch, k, vocab] | None, dstate)``:
-  ``draft_probs`` is the exact distribution each draft token was drawn from, or ``None``
-  when drafting is deterministic (one-hot ``q``). The draft steps form one ``lax.scan``.
-* ``commit(dstate, ctx: CommitContext) -> dstate``: after verification, catch up on the
-  accepted tokens.
-* ``check_compatible(target)``: raise ``ValueError`` when it cannot draft for ``target``.
-* ``bind(target) -> drafter`` (optional): the drafter specialised to ``target`` (drafters that
-  share the target's embedding / LM head, or whose captured layers depend on its depth).
-  ``speculative_generate`` calls it after ``check_compatible``; callers that run
-  ``speculative_round`` themselves call it once.
-
-All three functions are pure and run inside the jitted round.
+Cache discipline: a drafter with its own KV cache shortens it only through ``KVCache.truncate``
+and does so in ``commit`` (the one place where rejected drafts are rolled back), never in
+``propose``. Drafters with weights load through a classmethod ``load(path, *, dtype=None, ...)``
+returning the drafter (``DraftModel.load``, ``Eagle3.load``, ``MTP.load``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 
 from jspec.kv import KVCache
+from jspec.models import AnyModel
+from jspec.models.base import Capture
+from jspec.sampling import SamplingParams
+
+# A drafter's own state between rounds (its KV cache, a recurrent hidden, ...): any pytree.
+DraftState = Any
 
 
 @jax.tree_util.register_dataclass
@@ -34,9 +33,8 @@ from jspec.kv import KVCache
 class PrefillContext:
     tokens: jax.Array  # [batch, width] right-padded prompts
     prompt_lengths: jax.Array  # [batch]
-    features: tuple[jax.Array, ...]  # captured target features, [batch, width, hidden] each
-    # [batch] the first sampled token (at position prompt_lengths[b]); None where unknown
-    next_token: jax.Array | None = None
+    features: tuple[jax.Array, ...]  # the drafter's ``capture`` over the prompt, [batch, width, hidden] each
+    next_token: jax.Array  # [batch] the first sampled token (at position prompt_lengths[b])
 
 
 @jax.tree_util.register_dataclass
@@ -47,8 +45,9 @@ class RoundContext:
     history: jax.Array  # [batch, capacity] every token so far (prompt + emitted)
     lengths: jax.Array  # [batch] tokens in the target cache (the root is not yet)
     root: jax.Array  # [batch] last emitted token, first row of the next verify
-    features: tuple[jax.Array, ...]  # target features of the last cached row, [batch, hidden] each
-    target_kv: KVCache  # read-only
+    features: tuple[jax.Array, ...]  # the ``capture`` of the last cached row, [batch, hidden] each
+    # Read-only: the target's cache, for drafters that attend to it (the Gemma 4 assistant).
+    target_kv: KVCache
 
 
 @jax.tree_util.register_dataclass
@@ -58,4 +57,42 @@ class CommitContext:
     verify_tokens: jax.Array  # [batch, k+1]  root, d_1..d_k
     num_accepted: jax.Array  # [batch] in 0..k
     next_token: jax.Array  # [batch] correction / bonus token (the new root)
-    features: tuple[jax.Array, ...]  # target features of the verify rows, [batch, k+1, hidden] each
+    features: tuple[jax.Array, ...]  # the ``capture`` of the verify rows, [batch, k+1, hidden] each
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Everything a speculation round asks of a drafter. All of it is pure; ``prefill``,
+    ``propose`` and ``commit`` run inside the jitted round."""
+
+    @property
+    def capture(self) -> Capture:
+        """The target hidden states the round captures for this drafter: ``PrefillContext``,
+        ``RoundContext`` and ``CommitContext`` carry them as ``features``, in this order."""
+
+    def check_compatible(self, target: AnyModel) -> None:
+        """Raise ``ValueError`` naming what does not match (vocabulary, widths, family)."""
+
+    def bind(self, target: AnyModel) -> Drafter:
+        """The drafter specialised to ``target`` (shared embedding / LM head, captured layers
+        that depend on its depth); itself where nothing is shared. Checks compatibility too."""
+
+    def max_positions(self) -> int | None:
+        """The largest position it can draft at (its own position limit), None for none."""
+
+    def prefill(self, ctx: PrefillContext, *, max_len: int) -> DraftState:
+        """Initial state after the target prefill; own caches get ``max_len`` rows."""
+
+    def propose(
+        self, dstate: DraftState, ctx: RoundContext, *, num_draft_tokens: int, params: SamplingParams, key: jax.Array
+    ) -> tuple[jax.Array, jax.Array | None, DraftState]:
+        """``(draft_tokens [batch, k] int32, draft_probs [batch, k, vocab] | None, dstate)``.
+
+        ``draft_probs`` is the exact distribution each draft was drawn from, or None when
+        drafting is deterministic (``q`` one-hot). The draft steps form one ``lax.scan``; the
+        returned state may hold rows of drafts that ``commit`` rolls back.
+        """
+
+    def commit(self, dstate: DraftState, ctx: CommitContext) -> DraftState:
+        """After verification: drop what the rejected drafts left, catch up on the accepted
+        tokens. Afterwards the state is ready for the next ``propose``."""

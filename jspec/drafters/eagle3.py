@@ -12,24 +12,31 @@ Per draft row (token ``t`` at ``j+1``, hidden ``g`` at ``j``)::
 The layer uses the head's own RoPE settings. Captured target layers: HF ``hidden_states``
 indices (input of layer i), default ``[2, L//2, L-3]`` resolved by :meth:`Eagle3.bind`.
 
-Usage::
+Checkpoints: the HF ``LlamaForCausalLMEagle3`` layout (``fc``, ``midlayer.*``, ``norm``,
+``lm_head``, ``d2t``, ``t2d``; names with or without a ``model.`` prefix). Usage::
 
-    head = jspec.load_hf("EAGLE3-LLaMA3.1-Instruct-8B")      # -> Eagle3Head
-    jspec.speculative_generate(target, jspec.drafters.Eagle3(head), prompts, 64)
+    drafter = jspec.drafters.Eagle3.load("EAGLE3-LLaMA3.1-Instruct-8B")
+    jspec.speculative_generate(target, drafter, prompts, 64)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from jspec.config import LlamaConfig
-from jspec.drafters._head import HiddenStateDrafter, require_llama_target
+from jspec.drafters.hidden_state import HiddenStateDrafter, require_llama_target
+from jspec.io.safetensors import TensorReader, check_tensors, checkpoint_dtype, read_json, tensor_files
 from jspec.layers import linear, rms_norm
-from jspec.models.llama import Layer, Model, init_layer, random_matrix, random_norm_weight
+from jspec.models.base import Capture, random_matrix, random_norm_weight
+from jspec.models.llama import Layer, LlamaConfig, Model, from_hf_config, init_layer
+from jspec.models.llama.weights import layer_tensors, read_layer
+
+ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 
 
 @jax.tree_util.register_static
@@ -78,14 +85,22 @@ class Eagle3(HiddenStateDrafter):
     aux_layers: tuple[int, ...] | None = dataclasses.field(default=None, metadata=dict(static=True))
     impl: str = dataclasses.field(default="auto", metadata=dict(static=True))
 
+    @classmethod
+    def load(cls, path, *, dtype=None, impl: str = "auto") -> Eagle3:
+        """The drafter from an EAGLE-3 head directory (see the module docstring)."""
+        return cls(load_head(path, dtype=dtype), impl=impl)
+
     # --- protocol ---------------------------------------------------------------------
 
     @property
-    def capture(self) -> tuple[int, ...]:
+    def capture(self) -> Capture:
         layers = self.aux_layers if self.aux_layers is not None else self.head.config.aux_layers
         if layers is None:
             raise ValueError("Eagle3: the captured target layers depend on the target's depth; call drafter.bind(target)")
-        return tuple(layers)
+        return Capture(residuals=tuple(layers))
+
+    def max_positions(self) -> None:
+        return None  # positions are the target's; RoPE has no hard limit
 
     def check_compatible(self, target: Model) -> None:
         require_llama_target(target, "EAGLE-3")
@@ -168,7 +183,7 @@ class Eagle3(HiddenStateDrafter):
         full = jnp.full(logits.shape[:-1] + (vocab,), -jnp.inf, logits.dtype)
         return full.at[..., hot].set(logits)
 
-    def _target_features(self, features):
+    def target_features(self, features):
         return jnp.concatenate(features, axis=-1)
 
 
@@ -201,3 +216,108 @@ def init_eagle3_head(
         fc_bias=normal(k[7], (H,)) if fc_bias else None,
         config=config,
     )
+
+
+# ---------------------------------------------------------------------------------------
+# checkpoints
+
+
+def is_eagle3_config(cfg: dict) -> bool:
+    return any(a in ARCHITECTURES for a in cfg.get("architectures") or [])
+
+
+def _aux_layers(cfg: dict) -> tuple[int, ...] | None:
+    """Captured target layers in HF ``hidden_states`` indexing (REFERENCE §8 item 7)."""
+    if cfg.get("aux_layers_hf_index") is not None:  # jspec's canonical field
+        ids = [int(i) for i in cfg["aux_layers_hf_index"]]
+    elif (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") is not None:
+        # SGLang / SpecForge: ids of the layers whose *output* is taken -> +1.
+        ids = [int(i) + 1 for i in cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+    elif cfg.get("eagle_aux_hidden_state_layer_ids") is not None:
+        # vLLM speculators: input-of-layer ids, as HF hidden_states.
+        ids = [int(i) for i in cfg["eagle_aux_hidden_state_layer_ids"]]
+    else:
+        return None
+    if not ids or any(i < 0 for i in ids):
+        raise ValueError(f"EAGLE-3 aux hidden-state layer ids {ids} are out of range (must be >= 0)")
+    return tuple(ids)
+
+
+def config_from_hf(cfg: dict) -> Eagle3Config:
+    """The head config of an EAGLE-3 ``config.json`` dict."""
+    layers = cfg.get("num_hidden_layers", 1)
+    if layers != 1:
+        raise ValueError(f"unsupported EAGLE-3 config field num_hidden_layers={layers} (supported: 1)")
+    if cfg.get("norm_output"):
+        raise ValueError("unsupported EAGLE-3 config field norm_output=True")
+    layer_cfg = dict(cfg, architectures=["LlamaForCausalLM"], model_type="llama", tie_word_embeddings=False)
+    layer = from_hf_config(layer_cfg)
+    draft_vocab = int(cfg.get("draft_vocab_size") or layer.vocab_size)
+    if draft_vocab > layer.vocab_size:
+        raise ValueError(f"EAGLE-3 draft_vocab_size {draft_vocab} > vocab_size {layer.vocab_size}")
+    aux = _aux_layers(cfg)
+    return Eagle3Config(
+        layer=layer,
+        draft_vocab_size=draft_vocab,
+        target_hidden_size=int(cfg.get("target_hidden_size") or layer.hidden_size),
+        aux_layers=aux,
+        num_aux=len(aux) if aux is not None else 3,
+    )
+
+
+def load_head(path, *, dtype=None) -> Eagle3Head:
+    """Load an EAGLE-3 head directory (``fc``, ``midlayer.*``, ``norm``, ``lm_head``, ``d2t``, ``t2d``)."""
+    path = Path(path)
+    cfg = read_json(path / "config.json")
+    if not is_eagle3_config(cfg):
+        raise ValueError(f"{path} is not an EAGLE-3 head (architectures: {cfg.get('architectures')!r}, expected one of {ARCHITECTURES})")
+    config = config_from_hf(cfg)
+    c, H, V, Vd = config.layer, config.hidden_size, config.layer.vocab_size, config.draft_vocab_size
+    files = tensor_files(path)
+    reader = TensorReader(files, {(n[len("model.") :] if n.startswith("model.") else n): n for n in files})
+    names = reader.names
+    expected = {
+        "fc.weight": (H, config.num_aux * config.target_hidden_size),
+        "midlayer.hidden_norm.weight": (H,),
+        "norm.weight": (H,),
+        "lm_head.weight": (Vd, H),
+    }
+    expected |= layer_tensors(c, "midlayer.", in_size=2 * H)
+    if Vd != V:
+        for name, shape in (("d2t", (Vd,)), ("t2d", (V,))):
+            if name not in names:
+                raise ValueError(
+                    f"EAGLE-3 checkpoint is missing {name!r}: draft_vocab_size {Vd} != vocab_size {V} needs the "
+                    "draft-to-target vocabulary map"
+                )
+    for name, shape in (("d2t", (Vd,)), ("t2d", (V,)), ("fc.bias", (H,)), ("embed_tokens.weight", (V, H))):
+        if name in names:
+            expected[name] = shape
+    if cfg.get("fc_norm"):
+        expected |= {f"fc_norm.{i}.weight": (config.target_hidden_size,) for i in range(config.num_aux)}
+    with reader:
+        check_tensors(reader, names, expected)
+        get = reader.getter(checkpoint_dtype(reader, "fc.weight", dtype))
+        d2t = None
+        if "d2t" in names:
+            d2t = reader.get("d2t").astype(np.int64)
+            hot = np.arange(Vd) + d2t
+            if hot.min() < 0 or hot.max() >= V:
+                raise ValueError(f"EAGLE-3 d2t maps draft ids outside the target vocabulary [0, {V})")
+            d2t = jnp.asarray(d2t.astype(np.int32))
+        return Eagle3Head(
+            fc=jnp.asarray(get("fc.weight", True)),
+            hidden_norm=jnp.asarray(get("midlayer.hidden_norm.weight")),
+            layer=read_layer(get, c, "midlayer."),
+            norm=jnp.asarray(get("norm.weight")),
+            lm_head=jnp.asarray(get("lm_head.weight", True)),
+            d2t=d2t,
+            embed=jnp.asarray(get("embed_tokens.weight")) if "embed_tokens.weight" in names else None,
+            fc_bias=jnp.asarray(get("fc.bias")) if "fc.bias" in names else None,
+            fc_norm=(
+                tuple(jnp.asarray(get(f"fc_norm.{i}.weight")) for i in range(config.num_aux))
+                if cfg.get("fc_norm")
+                else None
+            ),
+            config=config,
+        )

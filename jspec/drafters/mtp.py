@@ -22,24 +22,32 @@ All RMSNorms follow the target family's formula (``w * x_hat``). Real Qwen3-Next
 MTP modules use zero-centred ``(1 + w)`` norms and gated attention, but those targets are
 hybrid models jspec does not run; the ``mtp.*`` layout is read here for dense targets.
 
-Usage::
+Checkpoints: the MTP tensors live inside the *target* checkpoint (``jspec.load_hf`` skips
+them, as transformers does). Two layouts: DeepSeek-V3 ``model.layers.{L}.{enorm, hnorm,
+eh_proj, shared_head.norm, <decoder layer>}`` (``L = num_hidden_layers``; the duplicated
+``embed_tokens`` / ``shared_head.head`` are skipped) and Qwen3-Next / Qwen3.5 ``mtp.{fc,
+pre_fc_norm_embedding, pre_fc_norm_hidden, norm, layers.0.<decoder layer>}``. Usage::
 
     target = jspec.load_hf(path)
-    head = jspec.load_hf_mtp(path)           # the MTP tensors of the same checkpoint
-    jspec.speculative_generate(target, jspec.drafters.MTP(head), prompts, 64)
+    drafter = jspec.drafters.MTP.load(path)  # the MTP tensors of the same checkpoint
+    jspec.speculative_generate(target, drafter, prompts, 64)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-from jspec.config import LlamaConfig
-from jspec.drafters._head import HiddenStateDrafter, require_llama_target
+from jspec.drafters.hidden_state import HiddenStateDrafter, require_llama_target
+from jspec.io.safetensors import TensorReader, check_tensors, checkpoint_dtype, read_json, tensor_files
 from jspec.layers import linear, rms_norm
-from jspec.models.llama import FINAL_NORMED, Layer, Model, init_layer, random_matrix, random_norm_weight
+from jspec.models.base import Capture, lm_head, random_matrix, random_norm_weight
+from jspec.models.llama import Layer, LlamaConfig, Model, from_hf_config, init_layer
+from jspec.models.llama.weights import layer_tensors, read_layer
 
 _HIDDEN_CHOICES = ("post_norm", "pre_norm")
 # Fields of the target config the MTP block depends on.
@@ -80,11 +88,22 @@ class MTP(HiddenStateDrafter):
             if getattr(self, name) not in _HIDDEN_CHOICES:
                 raise ValueError(f"MTP {name} must be one of {_HIDDEN_CHOICES}, got {getattr(self, name)!r}")
 
+    @classmethod
+    def load(cls, path, *, dtype=None, **options) -> MTP:
+        """The drafter from the MTP layer stored in the target checkpoint directory ``path``;
+        ``options``: ``input_hidden``, ``recycled_hidden``, ``impl``."""
+        return cls(load_head(path, dtype=dtype), **options)
+
     # --- protocol ---------------------------------------------------------------------
 
     @property
-    def capture(self):
-        return (FINAL_NORMED,) if self.input_hidden == "post_norm" else (self.head.config.num_layers,)
+    def capture(self) -> Capture:
+        if self.input_hidden == "post_norm":
+            return Capture(final_normed=True)
+        return Capture(residuals=(self.head.config.num_layers,))
+
+    def max_positions(self) -> None:
+        return None  # positions are the target's; RoPE has no hard limit
 
     def check_compatible(self, target: Model) -> None:
         require_llama_target(target, "MTP")
@@ -126,9 +145,7 @@ class MTP(HiddenStateDrafter):
 
     def _logits(self, x):
         h = rms_norm(x, self.head.norm, self.head.config.rms_norm_eps)
-        if self.lm_head is None:
-            return jnp.einsum("...h,vh->...v", h, self.embed, preferred_element_type=jnp.float32)
-        return linear(h, self.lm_head, impl=self.impl).astype(jnp.float32)
+        return lm_head(self.embed, self.lm_head, h, impl=self.impl)
 
     def _to_target(self, ids):
         return ids
@@ -136,7 +153,7 @@ class MTP(HiddenStateDrafter):
     def _draft_vocab_to_target(self, logits):
         return logits
 
-    def _target_features(self, features):
+    def target_features(self, features):
         return features[0]
 
 
@@ -153,3 +170,61 @@ def init_mtp_head(target_config: LlamaConfig, key, dtype=jnp.float32, *, scale: 
         norm=random_norm_weight(k[4], (H,), dtype),
         config=c,
     )
+
+
+# ---------------------------------------------------------------------------------------
+# checkpoints
+
+
+def _mtp_candidate(name: str, num_layers: int) -> bool:
+    if name.startswith("mtp."):
+        return True
+    m = re.match(r"model\.layers\.(\d+)\.", name)
+    return m is not None and int(m.group(1)) >= num_layers
+
+
+def load_head(path, *, dtype=None) -> MTPHead:
+    """Load the MTP / NextN module stored in the target checkpoint directory ``path``.
+
+    Exactly one MTP layer is supported (it is chained for k > 1 drafts).
+    """
+    path = Path(path)
+    cfg = read_json(path / "config.json")
+    config = from_hf_config(cfg)
+    L, H = config.num_layers, config.hidden_size
+    files = tensor_files(path)
+    mtp_names = {n for n in files if _mtp_candidate(n, L)}
+    if any(n.startswith("mtp.") for n in mtp_names):
+        layout, p = "qwen3_next", "mtp."
+        extra_layers = sorted({m.group(1) for n in mtp_names if (m := re.match(r"mtp\.layers\.(\d+)\.", n))} - {"0"})
+        head_names = dict(enorm=p + "pre_fc_norm_embedding.weight", hnorm=p + "pre_fc_norm_hidden.weight",
+                          eh_proj=p + "fc.weight", norm=p + "norm.weight")
+        layer_prefix, skip = p + "layers.0.", set()
+    elif f"model.layers.{L}.eh_proj.weight" in mtp_names:
+        layout, p = "deepseek", f"model.layers.{L}."
+        extra_layers = sorted({m.group(1) for n in mtp_names if (m := re.match(r"model\.layers\.(\d+)\.", n))} - {str(L)})
+        head_names = dict(enorm=p + "enorm.weight", hnorm=p + "hnorm.weight", eh_proj=p + "eh_proj.weight",
+                          norm=p + "shared_head.norm.weight")
+        layer_prefix, skip = p, {p + "embed_tokens.weight", p + "shared_head.head.weight"}
+    else:
+        raise ValueError(
+            f"{path} has no MTP layer (expected model.layers.{L}.eh_proj.weight (DeepSeek layout) "
+            "or mtp.fc.weight (Qwen3-Next / Qwen3.5 layout))"
+        )
+    if extra_layers:
+        raise ValueError(f"checkpoint has {1 + len(extra_layers)} MTP layers; only one is supported")
+    expected = {head_names["eh_proj"]: (H, 2 * H)}
+    expected |= {head_names[k]: (H,) for k in ("enorm", "hnorm", "norm")}
+    expected |= layer_tensors(config, layer_prefix)
+    with TensorReader(files) as reader:
+        check_tensors(reader, mtp_names - skip, expected)
+        get = reader.getter(checkpoint_dtype(reader, head_names["eh_proj"], dtype))
+        return MTPHead(
+            enorm=jnp.asarray(get(head_names["enorm"])),
+            hnorm=jnp.asarray(get(head_names["hnorm"])),
+            eh_proj=jnp.asarray(get(head_names["eh_proj"], True)),
+            layer=read_layer(get, config, layer_prefix),
+            norm=jnp.asarray(get(head_names["norm"])),
+            config=config,
+            layout=layout,
+        )

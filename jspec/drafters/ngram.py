@@ -1,6 +1,6 @@
 """Prompt lookup: propose the tokens that followed the latest earlier occurrence of the
 sequence's last n tokens (n from ``max_ngram`` down to ``min_ngram``). Model-free and
-deterministic (``q`` is one-hot)."""
+deterministic (``q`` is one-hot); its state is empty."""
 
 from __future__ import annotations
 
@@ -10,28 +10,37 @@ import jax
 import jax.numpy as jnp
 
 from jspec.drafters.base import CommitContext, PrefillContext, RoundContext
+from jspec.models import AnyModel
+from jspec.models.base import NO_CAPTURE, Capture
 from jspec.sampling import SamplingParams
 
 
-@jax.tree_util.register_static
+@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class NGram:
-    max_ngram: int = 3
-    min_ngram: int = 1
+    """N-gram prompt-lookup drafter (API): ``NGram(max_ngram=3, min_ngram=1)``."""
 
-    capture = ()
+    max_ngram: int = dataclasses.field(default=3, metadata=dict(static=True))
+    min_ngram: int = dataclasses.field(default=1, metadata=dict(static=True))
 
     def __post_init__(self):
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
 
-    def check_compatible(self, target) -> None:
-        pass
+    @property
+    def capture(self) -> Capture:
+        return NO_CAPTURE
 
-    def max_positions(self) -> int | None:
+    def check_compatible(self, target: AnyModel) -> None:
+        pass  # reads token ids only
+
+    def bind(self, target: AnyModel) -> NGram:
+        return self
+
+    def max_positions(self) -> None:
         return None
 
-    def prefill(self, ctx: PrefillContext, *, max_len: int):
+    def prefill(self, ctx: PrefillContext, *, max_len: int) -> tuple:
         return ()
 
     def propose(self, dstate, ctx: RoundContext, *, num_draft_tokens: int, params: SamplingParams, key):

@@ -1,7 +1,9 @@
-"""Target model families as pure forward functions over parameter pytrees.
+"""Target model families, one package each (``llama``, ``gemma4``), as pure forward functions
+over parameter pytrees.
 
 ``forward`` and ``init_params`` dispatch on the type of the model (of the config), so the
-engine, the speculative loop and the drafters run any family through one call.
+engine, the speculative loop and the drafters run any family through one call; the contract is
+written in ``jspec.models.base``.
 """
 
 from __future__ import annotations
@@ -10,19 +12,18 @@ import functools
 
 import jax.numpy as jnp
 
-from jspec.config import LlamaConfig
-from jspec.gemma4_config import Gemma4Config
 from jspec.models import gemma4, llama
-from jspec.models.llama import FINAL_NORMED, Layer, Model
+from jspec.models.base import NO_CAPTURE, Capture
 
 # Any family's parameters (annotations only).
 AnyModel = llama.Model | gemma4.Model
+AnyConfig = llama.LlamaConfig | gemma4.Gemma4Config
 
 
 @functools.singledispatch
-def forward(model, tokens, kv, *, capture=(), logits_rows=None, impl="auto"):
+def forward(model, tokens, kv, *, capture=NO_CAPTURE, logits_rows=None, compute_logits=True, impl="auto"):
     """``(logits, features, kv)`` for ``tokens [batch, T]``: the contract of
-    ``jspec.models.llama.forward``, implemented by each family's ``forward``."""
+    ``jspec.models.base``, implemented by each family's ``forward``."""
     raise TypeError(f"no forward registered for {type(model).__name__}")
 
 
@@ -36,7 +37,7 @@ def init_params(config, key, dtype=jnp.float32, *, scale: float = 0.02):
     raise TypeError(f"no init_params registered for {type(config).__name__}")
 
 
-init_params.register(LlamaConfig, llama.init_params)
-init_params.register(Gemma4Config, gemma4.init_params)
+init_params.register(llama.LlamaConfig, llama.init_params)
+init_params.register(gemma4.Gemma4Config, gemma4.init_params)
 
-__all__ = ["FINAL_NORMED", "AnyModel", "Layer", "Model", "forward", "gemma4", "init_params", "llama"]
+__all__ = ["AnyConfig", "AnyModel", "Capture", "forward", "gemma4", "init_params", "llama"]

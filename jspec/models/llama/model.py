@@ -13,9 +13,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jspec.config import LlamaConfig
 from jspec.kv import KVCache, write_rows
-from jspec.layers import apply_rope, linear, rms_norm, rope_cos_sin, silu_mlp
+from jspec.layers import linear, rms_norm, silu_mlp
+from jspec.models.base import NO_CAPTURE, Capture, check_logits_rows, lm_head, random_matrix, random_norm_weight
+from jspec.models.llama.config import LlamaConfig
+from jspec.rope import apply_rope, rope_cos_sin
 from pallas_kernels import decode_attention, gather_rows
 
 
@@ -53,19 +55,6 @@ class Model:
     def init_cache(self, batch: int, max_len: int) -> KVCache:
         c = self.config
         return KVCache.zeros(c.num_layers, batch, c.num_kv_heads, max_len, c.head_dim, self.dtype)
-
-
-# Capture key for the hidden state after the final norm; integers ``i`` mean the residual
-# stream entering layer ``i`` (HF ``hidden_states[i]``), ``num_layers`` the pre-norm output.
-FINAL_NORMED = "final_normed"
-
-
-def lm_head(model: Model, h: jax.Array, *, impl: str = "auto") -> jax.Array:
-    """Logits in fp32 for normed hidden rows ``h [..., hidden]`` -> ``[..., vocab]``."""
-    if model.lm_head is None:
-        # Tied: contract against the embedding table as stored, no transposed copy.
-        return jnp.einsum("...h,vh->...v", h, model.embed, preferred_element_type=jnp.float32)
-    return linear(h, model.lm_head, impl=impl).astype(jnp.float32)
 
 
 def attention(
@@ -141,63 +130,54 @@ def forward(
     tokens: jax.Array,
     kv: KVCache,
     *,
-    capture: tuple[int | str, ...] = (),
+    capture: Capture = NO_CAPTURE,
     logits_rows: jax.Array | None = None,
+    compute_logits: bool = True,
     impl: str = "auto",
 ) -> tuple[jax.Array | None, tuple[jax.Array, ...], KVCache]:
     """Run ``tokens [batch, T]`` at positions ``kv.lengths[b] + 0..T-1``, writing their K/V.
 
-    Returns ``(logits, features, kv)``:
-      logits    fp32 ``[batch, T, vocab]`` when ``logits_rows`` is None, ``[batch, vocab]`` for
-                ``logits_rows [batch]``, ``[batch, n, vocab]`` for ``logits_rows [batch, n]``
-                (row indices into T; only those rows get the final norm and LM head).
-                ``logits_rows=()`` skips the head entirely (logits is None).
-      features  one ``[batch, T, hidden]`` array per ``capture`` entry, in order.
-      kv        K/V of all ``T`` rows written; ``lengths`` advanced by ``T``. Callers that
-                wrote padding or rejected rows shrink it with ``kv.truncate``.
+    The contract of every family (``jspec.models.base``): returns ``(logits, features, kv)``
+    with fp32 logits for every row or for ``logits_rows [batch, n]`` (None with
+    ``compute_logits=False``), the ``capture``d hidden states ``[batch, T, hidden]`` and the
+    cache with ``lengths`` advanced by ``T`` (callers that wrote padding or rejected rows shrink
+    it with ``kv.truncate``).
     """
     c = model.config
     batch, num_rows = tokens.shape
+    capture.check(c.num_layers)
+    check_logits_rows(logits_rows, batch)
     positions = kv.lengths[:, None] + jnp.arange(num_rows, dtype=jnp.int32)[None, :]  # [batch, T]
     cos, sin = rope_cos_sin(positions, jnp.asarray(c.rope_inv_freq()), model.dtype)
     x = model.embed[tokens]  # [batch, T, hidden]
 
-    captured = {}
+    residuals = {}
     new_k, new_v = [], []
     for i, layer in enumerate(model.layers):
-        if i in capture:
-            captured[i] = x
+        if i in capture.residuals:
+            residuals[i] = x
         x, k_buf, v_buf = decoder_layer(
             layer, c, x, kv.k[i], kv.v[i], kv.lengths, positions, cos, sin, impl=impl
         )
         new_k.append(k_buf)
         new_v.append(v_buf)
-    captured[c.num_layers] = x
+    residuals[c.num_layers] = x
+    features = tuple(residuals[i] for i in capture.residuals)
 
-    skip_head = isinstance(logits_rows, tuple) and not logits_rows
-    if FINAL_NORMED in capture or logits_rows is None:
-        captured[FINAL_NORMED] = rms_norm(x, model.final_norm, c.rms_norm_eps)
-    if skip_head:
+    normed = None
+    if capture.final_normed or (compute_logits and logits_rows is None):
+        normed = rms_norm(x, model.final_norm, c.rms_norm_eps)
+        features += (normed,) if capture.final_normed else ()
+    if not compute_logits:
         logits = None
     elif logits_rows is None:
-        logits = lm_head(model, captured[FINAL_NORMED], impl=impl)
+        logits = lm_head(model.embed, model.lm_head, normed, impl=impl)
     else:
-        last = gather_rows(x, logits_rows, norm_weight=model.final_norm, eps=c.rms_norm_eps, impl=impl)
-        logits = lm_head(model, last, impl=impl)
+        rows = gather_rows(x, logits_rows, norm_weight=model.final_norm, eps=c.rms_norm_eps, impl=impl)
+        logits = lm_head(model.embed, model.lm_head, rows, impl=impl)
 
-    features = tuple(captured[key] for key in capture)
     new_kv = KVCache(k=tuple(new_k), v=tuple(new_v), lengths=kv.lengths + num_rows)
     return logits, features, new_kv
-
-
-def random_matrix(key, shape, dtype, scale):
-    """normal(0, scale) entries (random weights for tests and benchmarks)."""
-    return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
-
-
-def random_norm_weight(key, shape, dtype):
-    """Norm weights near 1, so that a test notices a norm applied to the wrong tensor."""
-    return (1.0 + 0.1 * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
 
 
 def init_layer(config: LlamaConfig, key: jax.Array, dtype=jnp.float32, *, scale: float = 0.02, in_size=None) -> Layer:

@@ -1,4 +1,4 @@
-"""Frozen, hashable model configs and their construction from HF ``config.json``.
+"""The Llama 3 / Qwen2 / Qwen3 config: frozen, hashable, built from an HF ``config.json``.
 
 A config is static data: it rides in the ``Model`` pytree's aux data, so two models with
 equal configs share one compiled program.
@@ -13,8 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jspec.gemma4_config import GEMMA4_ARCHITECTURES, Gemma4Config, Gemma4Rope
-from jspec.layers import default_inv_freq
+from jspec.rope import default_inv_freq
 
 # architecture name in config.json -> family flags
 _ARCHITECTURES = {
@@ -74,6 +73,14 @@ class LlamaConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LlamaConfig:
+        """Inverse of ``dataclasses.asdict`` (jspec checkpoints store configs as JSON)."""
+        d = dict(d)
+        if d.get("rope_scaling") is not None:
+            d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
+        return cls(**d)
+
     def rope_inv_freq(self) -> np.ndarray:
         """Per-pair inverse frequencies [head_dim // 2], fp32, as HF computes them."""
         inv_freq = default_inv_freq(self.rope_theta, self.head_dim)
@@ -90,6 +97,12 @@ class LlamaConfig:
         smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
         is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return np.where(is_medium, smoothed, scaled).astype(np.float32)
+
+
+def is_llama_config(cfg: dict[str, Any]) -> bool:
+    """Whether an HF ``config.json`` dict names an architecture of this family."""
+    arch = (cfg.get("architectures") or [None])[0]
+    return arch in _ARCHITECTURES or (arch is None and cfg.get("model_type") in _MODEL_TYPES)
 
 
 def _rope_params(cfg: dict[str, Any]) -> tuple[float, dict | None]:
@@ -111,7 +124,7 @@ def _rope_params(cfg: dict[str, Any]) -> tuple[float, dict | None]:
     return float(theta), scaling
 
 
-def llama_config_from_hf(cfg: dict[str, Any]) -> LlamaConfig:
+def from_hf_config(cfg: dict[str, Any]) -> LlamaConfig:
     """Validate an HF ``config.json`` dict and build a ``LlamaConfig``.
 
     Raises ``ValueError`` naming the field for anything this family does not implement.
@@ -178,20 +191,3 @@ def llama_config_from_hf(cfg: dict[str, Any]) -> LlamaConfig:
         architecture=arch,
         **flags,
     )
-
-
-def config_to_dict(config: LlamaConfig | Gemma4Config) -> dict[str, Any]:
-    return dataclasses.asdict(config)
-
-
-def config_from_dict(d: dict[str, Any]) -> LlamaConfig | Gemma4Config:
-    """Inverse of ``config_to_dict``; the ``architecture`` field names the family."""
-    d = dict(d)
-    if d.get("architecture") in GEMMA4_ARCHITECTURES:
-        d["layer_types"] = tuple(d["layer_types"])
-        d["sliding_rope"], d["full_rope"] = Gemma4Rope(**d["sliding_rope"]), Gemma4Rope(**d["full_rope"])
-        return Gemma4Config(**d)
-    if d.get("rope_scaling") is not None:
-        d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
-    return LlamaConfig(**d)
-

@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.config import LlamaConfig, RopeScaling
-from jspec.gemma4_config import FULL, SLIDING, Gemma4Config
 from jspec.models import AnyModel as Model, gemma4
+from jspec.models.gemma4 import FULL, SLIDING, Gemma4Config
+from jspec.models.llama import LlamaConfig, RopeScaling
 
 PRESETS: dict[str, LlamaConfig | Gemma4Config] = {
     "tiny": LlamaConfig(

@@ -1,4 +1,4 @@
-"""Benchmark-only drafter with controlled acceptance.
+"""A drafter with controlled acceptance, for benchmarks (built on the drafter protocol).
 
 Random weights accept almost nothing, so speed-ups cannot be measured with them. ``Oracle``
 proposes the target's own greedy continuation (precomputed), each token replaced by a wrong
@@ -32,6 +32,9 @@ class Oracle:
 
     def check_compatible(self, target) -> None:
         self.inner.check_compatible(target)
+
+    def bind(self, target) -> Oracle:
+        return dataclasses.replace(self, inner=self.inner.bind(target))
 
     def max_positions(self):
         return self.inner.max_positions()

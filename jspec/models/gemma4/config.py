@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jspec.layers import default_inv_freq
+from jspec.rope import default_inv_freq
 
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -84,6 +84,14 @@ class Gemma4Config:
                 "token ids past it would have no per-layer embedding"
             )
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Gemma4Config:
+        """Inverse of ``dataclasses.asdict`` (jspec checkpoints store configs as JSON)."""
+        d = dict(d)
+        d["layer_types"] = tuple(d["layer_types"])
+        d["sliding_rope"], d["full_rope"] = Gemma4Rope(**d["sliding_rope"]), Gemma4Rope(**d["full_rope"])
+        return cls(**d)
+
     def is_sliding(self, layer: int) -> bool:
         return self.layer_types[layer] == SLIDING
 
@@ -155,7 +163,7 @@ def _gemma4_rope(params: dict[str, Any] | None, default: Gemma4Rope, layer_type:
     )
 
 
-def gemma4_config_from_hf(cfg: dict[str, Any]) -> Gemma4Config:
+def from_hf_config(cfg: dict[str, Any]) -> Gemma4Config:
     """Validate a ``Gemma4ForCausalLM`` config.json (or the ``text_config`` of a
     ``Gemma4ForConditionalGeneration`` one) and build a ``Gemma4Config``.
 

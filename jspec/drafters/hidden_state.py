@@ -16,7 +16,8 @@ features, equal to the target's committed length) and ``hidden``: the layer outp
   ``d_{r+1}`` (``r < a``) or the bonus token (``r = a``) with the target feature of verify
   row ``r``. All ``k+1`` rows write their K/V; right after the K/V write each sequence keeps
   only row ``a`` (query, residual, MLP, and later the final norm and head); rows past ``a`` are
-  dropped by the draft length ``base + a + 1`` -- nothing is copied.
+  dropped by the draft length ``base + a + 1`` -- nothing is copied. Commit is also where the
+  rows ``propose`` drafted are rolled back (the cache is truncated to ``base`` first).
 * propose: step 0 drafts from ``hidden`` (no forward: the catch-up was the seed step), steps
   ``1..k-1`` feed ``(d_i, recycled hidden)`` at positions ``L .. L+k-2`` in one ``lax.scan``.
 """
@@ -28,14 +29,12 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jspec.config import LlamaConfig
 from jspec.drafters.base import CommitContext, PrefillContext, RoundContext
 from jspec.kv import KVCache
-from jspec.layers import rope_cos_sin
 from jspec.models import llama
-from jspec.models.llama import decoder_layer
+from jspec.models.llama import LlamaConfig, decoder_layer
+from jspec.rope import rope_cos_sin
 from jspec.sampling import SamplingParams, probabilities, sample
-from pallas_kernels import gather_rows
 
 
 @jax.tree_util.register_dataclass
@@ -68,7 +67,8 @@ class HiddenStateDrafter:
 
     A subclass (a registered pytree dataclass) provides ``impl``, ``_layer``, ``_layer_config``,
     ``_layer_inputs(tokens, g, from_target)``, ``_recycle(x)``, ``_logits(x)`` (fp32, draft
-    vocab), ``_to_target(ids)``, ``_draft_vocab_to_target(logits)`` and ``_target_features(features)``.
+    vocab), ``_to_target(ids)``, ``_draft_vocab_to_target(logits)`` and ``target_features(features)``
+    (the captured target features -> the ``g`` its layer reads).
     """
 
     # --- the layer over rows ----------------------------------------------------------
@@ -96,31 +96,20 @@ class HiddenStateDrafter:
         c = self._layer_config
         return KVCache.zeros(1, batch, c.num_kv_heads, max_len, c.head_dim, dtype)
 
-    def catch_up(self, kv: KVCache, base, tokens, features, last_row, *, slice_dead_rows: bool = True):
+    def catch_up(self, kv: KVCache, base, tokens, features, last_row) -> HeadState:
         """Rewrite the draft rows ``base .. base+T-1`` with target features and keep row
-        ``last_row [B]``: returns ``HeadState`` with lengths ``base + last_row + 1``.
-
-        ``slice_dead_rows=False`` is the naive variant (all rows through the whole layer,
-        sliced at the end); it exists to measure what the early slicing saves.
-        """
-        kv = dataclasses.replace(kv, lengths=base.astype(jnp.int32))
-        g = self._target_features(features)
-        if slice_dead_rows:
-            x, kv = self.run_rows(kv, tokens, g, from_target=True, keep_rows=last_row)
-        else:
-            x_all, kv = self.run_rows(kv, tokens, g, from_target=True)
-            x = gather_rows(x_all, last_row, impl=self.impl)
-        kv = dataclasses.replace(kv, lengths=base + last_row + 1)
-        return HeadState(kv=kv, hidden=x)
+        ``last_row [B]``: returns ``HeadState`` with lengths ``base + last_row + 1``. Rows past
+        ``base`` (drafts of the last ``propose``) are rolled back first."""
+        g = self.target_features(features)
+        x, kv = self.run_rows(kv.truncate(base), tokens, g, from_target=True, keep_rows=last_row)
+        return HeadState(kv=kv.truncate(base + last_row + 1), hidden=x)
 
     # --- protocol ---------------------------------------------------------------------
 
-    def max_positions(self):
+    def max_positions(self) -> None:
         return None  # positions are the target's; RoPE has no hard limit
 
     def prefill(self, ctx: PrefillContext, *, max_len: int) -> HeadState:
-        if ctx.next_token is None:
-            raise ValueError(f"{type(self).__name__}.prefill needs PrefillContext.next_token (the first sampled token)")
         batch, width = ctx.tokens.shape
         kv = self._init_kv(batch, max_len, self._layer.o.dtype)
         last = ctx.prompt_lengths - 1
@@ -130,7 +119,6 @@ class HiddenStateDrafter:
 
     def propose(self, dstate: HeadState, ctx: RoundContext, *, num_draft_tokens: int, params: SamplingParams, key):
         keys = jax.random.split(key, num_draft_tokens)
-        kv = dataclasses.replace(dstate.kv, lengths=ctx.lengths)
 
         def draw(step_key, x):
             logits = self._logits(x)  # [B, V_draft] fp32
@@ -145,7 +133,7 @@ class HiddenStateDrafter:
             x_next, kv = self.run_rows(kv, token[:, None], self._recycle(x)[:, None], from_target=False)
             return (kv, x_next[:, 0]), (token, probs)
 
-        (kv, x), (tokens, probs) = jax.lax.scan(step, (kv, dstate.hidden), keys[:-1])
+        (kv, x), (tokens, probs) = jax.lax.scan(step, (dstate.kv, dstate.hidden), keys[:-1])
         last, last_probs = draw(keys[-1], x)
         draft_tokens = jnp.concatenate([tokens.T, last[:, None]], axis=1)
         new_state = HeadState(kv=kv, hidden=dstate.hidden)

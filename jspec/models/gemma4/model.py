@@ -1,6 +1,6 @@
 """Gemma 4 dense text decoder as a pure forward function over a parameter pytree (REFERENCE §1.5).
 
-Same contract as ``jspec.models.llama.forward``. What differs from Llama:
+Same contract as every family (``jspec.models.base``). What differs from Llama:
 
 * two layer types: sliding-window layers (``head_dim``, ``num_kv_heads``, default RoPE) and
   full layers (``global_head_dim``, ``num_global_kv_heads``, proportional RoPE; with
@@ -26,11 +26,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.gemma4_config import SLIDING, Gemma4Config
 from jspec.kv import KVCache, write_rows
-from jspec.layers import apply_rope, gated_mlp, linear, rope_cos_sin
+from jspec.layers import gated_mlp, linear
 from jspec.layers import rms_norm_fp32_scale as rms_norm
-from jspec.models.llama import FINAL_NORMED, lm_head, random_matrix, random_norm_weight
+from jspec.models.base import NO_CAPTURE, Capture, check_logits_rows, lm_head, random_matrix, random_norm_weight
+from jspec.models.gemma4.config import SLIDING, Gemma4Config
+from jspec.rope import apply_rope, rope_cos_sin
 from pallas_kernels import decode_attention, gather_rows
 
 gelu_tanh = functools.partial(jax.nn.gelu, approximate=True)  # HF gelu_pytorch_tanh
@@ -164,15 +165,14 @@ def forward(
     tokens: jax.Array,
     kv: KVCache,
     *,
-    capture: tuple[int | str, ...] = (),
+    capture: Capture = NO_CAPTURE,
     logits_rows: jax.Array | None = None,
+    compute_logits: bool = True,
     impl: str = "auto",
 ) -> tuple[jax.Array | None, tuple[jax.Array, ...], KVCache]:
     """Run ``tokens [batch, T]`` at positions ``kv.lengths[b] + 0..T-1``, writing their K/V.
 
-    Exactly the contract of ``jspec.models.llama.forward`` (logits fp32, here soft-capped;
-    ``logits_rows`` None / ``[batch]`` / ``[batch, n]`` / ``()``; ``capture`` of layer indices
-    and ``FINAL_NORMED``; K/V written for all rows, lengths advanced by ``T``).
+    The contract of every family (``jspec.models.base``); logits are soft-capped here.
 
     KV-shared layers write no cache, so with ``logits_rows`` only those rows enter them (HF
     ``_maybe_slice_kv_shared_inputs``) unless a later feature is captured: a prefill runs the
@@ -180,6 +180,8 @@ def forward(
     """
     c = model.config
     batch, num_rows = tokens.shape
+    capture.check(c.num_layers)
+    check_logits_rows(logits_rows, batch)
     positions = kv.lengths[:, None] + jnp.arange(num_rows, dtype=jnp.int32)[None, :]  # [batch, T]
     rope = {}  # layer type -> (cos, sin) [batch, T, its head_dim]
     for kind in dict.fromkeys(c.layer_types):
@@ -188,22 +190,19 @@ def forward(
     x = model.embed[tokens] * _scale_in_dtype(c.hidden_size**0.5, model.dtype)  # [batch, T, hidden]
     ple = None if model.ple is None else per_layer_inputs(model, tokens, x, impl=impl)  # [batch, T, L, P]
 
-    skip_head = isinstance(logits_rows, tuple) and not logits_rows
     head_rows = None  # [batch, n] rows that get logits, negative ones counted from the end (as gather_rows)
-    if logits_rows is not None and not skip_head:
-        head_rows = logits_rows.reshape(batch, -1).astype(jnp.int32)
+    if logits_rows is not None and compute_logits:
+        head_rows = logits_rows.astype(jnp.int32)
         head_rows = jnp.clip(jnp.where(head_rows < 0, head_rows + num_rows, head_rows), 0, num_rows - 1)
-    late_capture = FINAL_NORMED in capture or any(
-        isinstance(key, int) and key > c.first_kv_shared_layer for key in capture
-    )
+    late_capture = capture.final_normed or any(i > c.first_kv_shared_layer for i in capture.residuals)
     keep_head_rows_at = c.first_kv_shared_layer if head_rows is not None and not late_capture else None
 
-    captured = {}
+    residuals = {}
     kv_lengths = kv.lengths + num_rows
     k_bufs, v_bufs = list(kv.k), list(kv.v)
     for i, layer in enumerate(model.layers):
-        if i in capture:
-            captured[i] = x
+        if i in capture.residuals:
+            residuals[i] = x
         if i == keep_head_rows_at:
             x, positions, rope, ple = _keep_rows(head_rows, x, positions, rope, ple, impl=impl)
         src = c.kv_source(i)
@@ -211,21 +210,23 @@ def forward(
             layer, c, i, x, k_bufs[src], v_bufs[src], kv_lengths, positions, *rope[c.layer_types[i]],
             None if ple is None else ple[:, :, i], impl=impl,
         )
-    captured[c.num_layers] = x
+    residuals[c.num_layers] = x
+    features = tuple(residuals[i] for i in capture.residuals)
 
-    if FINAL_NORMED in capture or logits_rows is None:
-        captured[FINAL_NORMED] = rms_norm(x, model.final_norm, c.rms_norm_eps)
-    if skip_head:
+    normed = None
+    if capture.final_normed or (compute_logits and logits_rows is None):
+        normed = rms_norm(x, model.final_norm, c.rms_norm_eps)
+        features += (normed,) if capture.final_normed else ()
+    if not compute_logits:
         logits = None
     elif logits_rows is None:
-        logits = softcap(lm_head(model, captured[FINAL_NORMED], impl=impl), c.final_logit_softcapping)
+        logits = softcap(lm_head(model.embed, model.lm_head, normed, impl=impl), c.final_logit_softcapping)
     else:
         if keep_head_rows_at is None or keep_head_rows_at == c.num_layers:  # x still holds all T rows
             x = gather_rows(x, head_rows, impl=impl)
-        logits = softcap(lm_head(model, rms_norm(x, model.final_norm, c.rms_norm_eps), impl=impl), c.final_logit_softcapping)
-        logits = logits.reshape(*logits_rows.shape, -1)
+        normed_rows = rms_norm(x, model.final_norm, c.rms_norm_eps)
+        logits = softcap(lm_head(model.embed, model.lm_head, normed_rows, impl=impl), c.final_logit_softcapping)
 
-    features = tuple(captured[key] for key in capture)
     new_kv = KVCache(k=tuple(k_bufs), v=tuple(v_bufs), lengths=kv.lengths + num_rows)
     return logits, features, new_kv
 

@@ -1,0 +1,62 @@
+"""HF checkpoint directories (``config.json`` + safetensors) -> a target ``Model``.
+
+The architecture in ``config.json`` picks the family; the family's ``weights`` module names
+and shapes the tensors and builds the model. The whole checkpoint is checked against the
+config before any tensor data is read: a missing, unexpected or mis-shaped tensor raises
+``ValueError`` naming it. Drafter heads load through their own door (``Eagle3.load``,
+``MTP.load``), which reads files through ``jspec.io.safetensors`` as well.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jspec.io.safetensors import TensorReader, check_tensors, checkpoint_dtype, read_json, tensor_files
+from jspec.models import AnyModel, gemma4, llama
+from jspec.models.gemma4 import weights as gemma4_weights
+from jspec.models.llama import weights as llama_weights
+
+# (recognises an HF config dict, the family's config builder, the family's weights module);
+# the last family is the fallback whose config builder names the unsupported architecture.
+_FAMILIES: tuple[tuple, ...] = (
+    (gemma4.is_gemma4_config, gemma4.from_hf_config, gemma4_weights),
+    (llama.is_llama_config, llama.from_hf_config, llama_weights),
+)
+
+
+def _family(cfg: dict) -> tuple:
+    for recognises, from_hf_config, weights in _FAMILIES:
+        if recognises(cfg):
+            return from_hf_config, weights
+    return _FAMILIES[-1][1:]
+
+
+def config_from_hf(cfg: dict):
+    """The family config of an HF ``config.json`` dict (``ValueError`` when unsupported)."""
+    from_hf_config, _ = _family(cfg)
+    return from_hf_config(cfg)
+
+
+def load_hf(path, *, dtype=None, progress: bool = False) -> AnyModel:
+    """Load an HF Llama 3 / Qwen2 / Qwen3 or Gemma 4 checkpoint directory into a ``Model``
+    (``jspec.models.gemma4.Model`` for ``Gemma4ForCausalLM`` / ``Gemma4ForConditionalGeneration``).
+
+    MTP tensors stored in a target checkpoint are skipped, as transformers does
+    (``jspec.drafters.MTP.load`` reads them).
+
+    Args:
+      path: directory with ``config.json`` and one or more ``*.safetensors`` files (with or
+        without ``model.safetensors.index.json``).
+      dtype: parameter dtype (e.g. ``jnp.bfloat16``); ``None`` keeps the checkpoint's dtype.
+      progress: show a progress bar over layers.
+    """
+    path = Path(path)
+    cfg = read_json(path / "config.json")
+    from_hf_config, weights = _family(cfg)
+    config = from_hf_config(cfg)
+    files = tensor_files(path)
+    with TensorReader(files, weights.hf_names(cfg, config, files)) as reader:
+        check_tensors(reader, reader.names, weights.hf_tensors(config), tied=config.tie_word_embeddings)
+        get = reader.getter(checkpoint_dtype(reader, "model.embed_tokens.weight", dtype))
+        return weights.build(get, config, progress=progress)
+

@@ -1,0 +1,61 @@
+"""jspec checkpoints: the config as JSON beside an orbax checkpoint of the parameters."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from jspec.io.safetensors import read_json
+from jspec.models import AnyConfig, AnyModel, gemma4, init_params, llama
+
+_CONFIG_FILE = "jspec_config.json"
+_PARAMS_DIR = "params"
+# The ``architecture`` field of a stored config names its family's config class.
+_CONFIG_CLASSES = {arch: gemma4.Gemma4Config for arch in gemma4.config.GEMMA4_ARCHITECTURES}
+
+
+def is_jspec_checkpoint(path) -> bool:
+    return (Path(path) / _CONFIG_FILE).exists()
+
+
+def config_to_dict(config: AnyConfig) -> dict:
+    return dataclasses.asdict(config)
+
+
+def config_from_dict(d: dict) -> AnyConfig:
+    """Inverse of ``config_to_dict``."""
+    return _CONFIG_CLASSES.get(d.get("architecture"), llama.LlamaConfig).from_dict(d)
+
+
+def save(model: AnyModel, path, *, overwrite: bool = False) -> None:
+    """Write ``model`` to the directory ``path`` (config JSON + orbax parameter checkpoint)."""
+    import orbax.checkpoint as ocp
+
+    path = Path(path).absolute()
+    if path.exists() and any(path.iterdir()) and not overwrite:
+        raise FileExistsError(f"{path} exists and is not empty (pass overwrite=True to replace it)")
+    path.mkdir(parents=True, exist_ok=True)
+    meta = {"config": config_to_dict(model.config), "dtype": np.dtype(model.dtype).name}
+    (path / _CONFIG_FILE).write_text(json.dumps(meta, indent=2))
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(path / _PARAMS_DIR, model, force=True)
+        ckptr.wait_until_finished()
+
+
+def restore(path) -> AnyModel:
+    """Read a ``Model`` written by ``save``; the arrays come back bit-exactly."""
+    import orbax.checkpoint as ocp
+
+    path = Path(path).absolute()
+    meta = read_json(path / _CONFIG_FILE)
+    config = config_from_dict(meta["config"])
+    dtype = jnp.dtype(getattr(ml_dtypes, meta["dtype"], meta["dtype"]))
+    abstract = jax.eval_shape(lambda: init_params(config, jax.random.key(0), dtype))
+    with ocp.StandardCheckpointer() as ckptr:
+        return ckptr.restore(path / _PARAMS_DIR, abstract)

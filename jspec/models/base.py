@@ -1,0 +1,74 @@
+"""What every model family shares: the forward contract's argument types, the LM head, and the
+random initialisation used by tests and benchmarks.
+
+Every family's ``forward(model, tokens [batch, T], kv, *, capture, logits_rows, compute_logits,
+impl) -> (logits, features, kv)`` runs ``tokens`` at positions ``kv.lengths[b] + 0..T-1``, writes
+their K/V and advances ``kv.lengths`` by ``T``:
+
+* ``logits``: fp32, ``[batch, T, vocab]`` when ``logits_rows`` is None, ``[batch, n, vocab]`` for
+  ``logits_rows [batch, n]`` (indices into T: only those rows get the final norm and LM head), or
+  None with ``compute_logits=False`` (a prefill that only fills the cache).
+* ``features``: the hidden states ``capture`` names, ``[batch, T, hidden]`` each, in its order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jspec.layers import linear
+
+
+@dataclasses.dataclass(frozen=True)
+class Capture:
+    """Which hidden states ``forward`` returns as ``features`` (static, hashable).
+
+    ``residuals``: the residual stream entering layer ``i`` (HF ``hidden_states[i]``), in the
+    order given; ``i == num_layers`` is the last layer's output before the final norm.
+    ``final_normed``: the last hidden after the final norm (what the LM head reads), appended
+    after the residuals.
+    """
+
+    residuals: tuple[int, ...] = ()
+    final_normed: bool = False
+
+    def __post_init__(self):
+        residuals = tuple(self.residuals)
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in residuals):
+            raise ValueError(f"Capture.residuals must be layer indices >= 0, got {self.residuals!r}")
+        object.__setattr__(self, "residuals", residuals)
+
+    def check(self, num_layers: int) -> None:
+        bad = [i for i in self.residuals if i > num_layers]
+        if bad:
+            raise ValueError(f"Capture.residuals {bad} out of range for a model with {num_layers} layers")
+
+
+NO_CAPTURE = Capture()
+
+
+def check_logits_rows(logits_rows: jax.Array | None, batch: int) -> None:
+    """``logits_rows`` must be None or ``[batch, n]`` (a static check on the shape)."""
+    if logits_rows is not None and (logits_rows.ndim != 2 or logits_rows.shape[0] != batch):
+        raise ValueError(f"logits_rows must be [batch={batch}, n] row indices, got shape {logits_rows.shape}")
+
+
+def lm_head(embed: jax.Array, head: jax.Array | None, h: jax.Array, *, impl: str = "auto") -> jax.Array:
+    """Logits in fp32 for normed hidden rows ``h [..., hidden]`` -> ``[..., vocab]``; ``head
+    [hidden, vocab]``, or None when tied to ``embed [vocab, hidden]``."""
+    if head is None:
+        # Tied: contract against the embedding table as stored, no transposed copy.
+        return jnp.einsum("...h,vh->...v", h, embed, preferred_element_type=jnp.float32)
+    return linear(h, head, impl=impl).astype(jnp.float32)
+
+
+def random_matrix(key, shape, dtype, scale):
+    """normal(0, scale) entries (random weights for tests and benchmarks)."""
+    return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+def random_norm_weight(key, shape, dtype):
+    """Norm weights near 1, so that a test notices a norm applied to the wrong tensor."""
+    return (1.0 + 0.1 * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
