@@ -3,7 +3,7 @@
 With per-token acceptance rate ``alpha`` (i.i.d. model), a round of ``k`` drafts emits
 ``E[len] = (1 - alpha**(k+1)) / (1 - alpha)`` tokens on average and costs
 ``round_cost[k]`` plain decode steps (``round time / decode step time``, measured at the
-batch size in question by ``scripts/bench.py spec``). The best k maximises
+batch size in question by ``python -m jspec.bench spec``). The best k maximises
 ``E[len] / round_cost[k]``; plain decoding scores 1. Large batches make rounds relatively
 dearer (the target stops being bandwidth-bound), so the choice falls to small k, then 0.
 
@@ -97,8 +97,8 @@ def choose_for_batch(
 
 
 def round_costs_by_batch(rounds) -> dict[int, dict[int, float]]:
-    """``{batch: {k: round / decode step}}`` from ``scripts/bench.py spec`` round rows (dicts with
-    ``batch``, ``k`` and ``overhead_ratio``)."""
+    """``{batch: {k: round / decode step}}`` from round rows of ``python -m jspec.bench spec``
+    (dicts with ``batch``, ``k`` and ``overhead_ratio``)."""
     by_batch: dict[int, dict[int, float]] = {}
     for r in rounds:
         by_batch.setdefault(int(r["batch"]), {})[int(r["k"])] = float(r["overhead_ratio"])
@@ -106,9 +106,15 @@ def round_costs_by_batch(rounds) -> dict[int, dict[int, float]]:
 
 
 def round_costs_from_benchmark(path, batch: int | None = None):
-    """Round costs from a ``scripts/bench.py spec`` JSON: ``{k: round / decode step}`` at
-    ``batch``, or ``{batch: {k: ...}}`` for every measured batch when ``batch`` is None."""
-    by_batch = round_costs_by_batch(json.loads(Path(path).read_text())["results"]["rounds"])
+    """Round costs from a ``python -m jspec.bench spec`` JSON (its ``rows`` with ``measure ==
+    "round"``, or ``results.rounds`` in files recorded before that schema): ``{k: round / decode
+    step}`` at ``batch``, or ``{batch: {k: ...}}`` for every measured batch when ``batch`` is None."""
+    data = json.loads(Path(path).read_text())
+    if "rows" in data:
+        rounds = [row for row in data["rows"] if row.get("measure") == "round"]
+    else:
+        rounds = data["results"]["rounds"]
+    by_batch = round_costs_by_batch(rounds)
     if batch is None:
         return by_batch
     if batch not in by_batch:

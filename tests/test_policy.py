@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import pytest
@@ -63,10 +65,22 @@ def test_speculation_switches_off_as_the_batch_grows():
     assert picks == sorted(picks, reverse=True)
 
 
-def test_all_batches_from_the_recorded_benchmark():
-    by_batch = round_costs_from_benchmark(ROOT / "benchmarks" / "spec_rounds_h200.json")
-    assert 1 in by_batch and by_batch[1] == round_costs_from_benchmark(
-        ROOT / "benchmarks" / "spec_rounds_h200.json", batch=1)
+def test_round_costs_hold_every_recorded_round_in_either_schema(tmp_path):
+    path = ROOT / "benchmarks" / "spec_batch_h200_b16-64.json"  # recorded before the bench CLI's schema
+    rows = json.loads(path.read_text())["results"]["rounds"]
+    by_batch = round_costs_from_benchmark(path)
+    assert sorted(by_batch) == [16, 64]
+    assert {(b, k): cost for b, costs in by_batch.items() for k, cost in costs.items()} == {
+        (r["batch"], r["k"]): r["overhead_ratio"] for r in rows
+    }
+    assert round_costs_from_benchmark(path, batch=16) == by_batch[16]
+    # The same rounds written by ``python -m jspec.bench spec`` (rows tagged by measure).
+    rows_now = [dict(r, measure="round") for r in rows] + [{"measure": "end_to_end", "batch": 16, "k": 4}]
+    new = tmp_path / "spec.json"
+    new.write_text(json.dumps({"schema": "jspec.bench/1", "command": "spec", "environment": {}, "rows": rows_now}))
+    assert round_costs_from_benchmark(new) == by_batch
+    with pytest.raises(ValueError, match="no round timings at batch 8"):
+        round_costs_from_benchmark(new, batch=8)
 
 
 def test_straggler_factor():

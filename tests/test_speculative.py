@@ -12,7 +12,7 @@ import pytest
 import jspec
 from jspec.drafters import MTP, DraftModel, Eagle3, NGram, init_mtp_head
 from jspec.sampling import SamplingParams, probabilities
-from tests.stats import assert_matches_distribution
+from tests.stats import assert_cells_match, assert_matches_distribution, samples_to_detect
 from tests.tiny import eagle3_head, tiny_model
 
 MAX_NEW = 16
@@ -140,6 +140,27 @@ def test_sampled_speculative_has_the_target_distribution(kind, sampling):
     tokens = np.array(result.tokens)
     index = (tokens * SAMPLING_VOCAB ** np.arange(2, -1, -1)).sum(axis=1)
     assert_matches_distribution(index, _exact_joint(target, prompt, SamplingParams(**sampling)))
+
+
+def test_sampled_rounds_that_accept_every_draft_emit_a_bonus_of_the_target_distribution():
+    """k = 1 over a 3-token window: token 1 comes from the prefill, token 2 is the draft or the
+    correction, token 3 the bonus of a round that accepted its draft (or the next round's
+    token). Enough samples that a 20% error in any outcome of mass >= 0.02 fails the test."""
+    target = tiny_model(11, vocab_size=SAMPLING_VOCAB)
+    drafter = DraftModel(tiny_model(12, vocab_size=SAMPLING_VOCAB, num_layers=1))
+    prompt, params = [1, 5, 1, 5, 2], SamplingParams(temperature=1.0)
+    exact = _exact_joint(target, prompt, params)
+    num_samples = samples_to_detect(0.02, 0.2, num_cells=int((exact >= 0.02).sum()))
+    result = jspec.speculative_generate(
+        target, drafter, [prompt] * num_samples, 3, num_draft_tokens=1, key=jax.random.key(4), temperature=1.0
+    )
+    stats = result.stats
+    all_accepted_first_round = (stats["rounds"] == 1) & (stats["accepted"] == 1)
+    assert all_accepted_first_round.mean() > 0.2  # the bonus path is well covered
+    tokens = np.array(result.tokens)
+    index = (tokens * SAMPLING_VOCAB ** np.arange(2, -1, -1)).sum(axis=1)
+    assert_matches_distribution(index, exact)
+    assert_cells_match(index, exact, min_mass=0.02)
 
 
 def test_identical_draft_accepts_everything_when_sampling():
