@@ -25,17 +25,8 @@ probabilities are cast to V's dtype before the PV product (as a flash kernel doe
 The Pallas kernel (flash-decoding with the batch's KV blocks shared out evenly over its programs,
 stream-K) lives in :mod:`pallas_kernels.flash_decoding`.
 
-``impl="auto"`` (see :func:`use_pallas`): the reference on CPU; on a GPU the kernel for 16-bit
-caches except single-row decode against a tiny cache (< 2**21 K elements), where the reference's
-launch-bound ~21 us wins. Recorded in ``benchmarks/decode_attention.json`` (H200, jax 0.11.2,
-bf16, Hq 32 / Hkv 8, head_dim 128): elsewhere the kernel is 1.07-1.55x faster than the reference
-at 1 query row, 1.2-3.3x at 5 rows, 2.1-2.6x at 16..512 rows, and reads K/V at 78-104% of the
-measured copy bandwidth at 128k context (batch 1..32). On the H100, by the kernels' GPU time
-(``benchmarks/decode_attention_h100_inflight.json``, batch 1..32, context 1k..128k): 1.5-2.3x
-faster than the reference at one query row and 1.7-7x at five, 0.93-1.05 of the copy bandwidth
-at 128k, and against cuDNN's flash attention 0.89-1.02x its time at one row, 1.6-10x faster at five.
-
-Reproduce: ``PYTHONPATH=. python scripts/bench_kernels.py all --out benchmarks`` on the GPU.
+``impl="auto"`` (see :func:`use_pallas`): the reference on CPU; on a GPU the kernel wherever the
+recorded benchmarks show it faster (figures: ``benchmarks/README.md``, decode attention).
 """
 
 from __future__ import annotations
@@ -113,20 +104,14 @@ def decode_attention_reference(q, k, v, kv_lengths, *, q_positions, tail_mask=No
 
 
 def use_pallas(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype) -> bool:
-    """The ``impl="auto"`` rule on a GPU, from ``benchmarks/decode_attention.json`` (H200, bf16,
-    Hq 32 / Hkv 8, head_dim 128, batch 1..32, context 1k..128k, 1..512 query rows).
+    """The ``impl="auto"`` rule on a GPU (``benchmarks/decode_attention.json``,
+    ``decode_attention_d512.json``).
 
-    The kernel won against the jnp reference everywhere but one corner: a single query row
-    against a tiny cache (batch 1, 1k rows: 25-26 us vs 21-23 us in three runs, launch-bound;
-    batch 1 x 4k rows already 1.07-1.34x for the kernel). So: the reference when ``num_q == 1``
-    and the cache holds fewer than 2**21 K elements (``batch * kv_heads * max_len * head_dim``,
-    e.g. batch 1 x 8 heads x 2k rows x 128); the kernel everywhere else, for 16-bit caches (the
-    only ones timed; fp32 goes to the reference) with head_dim <= 256. head_dim 512 (Gemma 4's full
-    layers, ``benchmarks/decode_attention_d512.json``): the kernel is correct on the GPU but slower
-    than the reference in 7 of the 8 timed cases (1.1-3.6x; its tiles shrink to fit shared memory;
-    faster only at batch 8 x 32k, one row), so the reference.
-    Large ``num_q`` (tree verify, prefill chunks) is
-    fine: 16..512 query rows measured 2.1-2.6x faster than the reference.
+    The kernel for 16-bit caches (the only ones timed; fp32 goes to the reference) with head_dim
+    <= 256, at any number of query rows, except one query row against a tiny cache (fewer than
+    2**21 K elements, ``batch * kv_heads * max_len * head_dim``), where the reference's single
+    launch wins. head_dim 512 (Gemma 4's full layers) goes to the reference: the kernel's tiles
+    shrink to fit shared memory and it was slower there.
     """
     if jnp.dtype(dtype).itemsize != 2 or head_dim > 256:
         return False

@@ -23,11 +23,10 @@ def _default_config(batch, num_kv_heads, m_blocks, max_len, head_dim, block_m):
     so what counts is how much of it is in flight: ``_ROWS_IN_FLIGHT`` cache rows over the GPU
     (programs x block_k x (stages - 1), ~8 MB at head_dim 128), spread over as few programs as
     that allows, because every extra split adds partials to merge. 3 stages; block_k 32 from 256
-    (sequence, KV head) pairs up (one split each: 2-5% less GPU time than two at batch 32), 64 from
-    64 pairs up (batch 8: two splits; batch 16: one), 32 below (batch 1: 32 splits of 32-row blocks,
-    6-12% faster than 16 of 64-row blocks at 4k).
+    (sequence, KV head) pairs up (one split each), 64 from 64 pairs up (batch 8: two splits; batch
+    16: one), 32 below (batch 1: 32 splits of 32-row blocks).
     Larger M blocks: about ``_TARGET_PROGRAMS`` programs, rounded down (each does more math),
-    block_k 64, 3 stages (1.3x faster than 2 at 5 query rows x GQA 4).
+    block_k 64, 3 stages.
     Both: at least 4 KV blocks per split at full length, at most 64 splits; block_k 32 for
     head_dim 256 and 16 above, and fewer stages where shared memory runs short.
     """

@@ -9,9 +9,8 @@ come from a work split over the whole batch (:func:`_work_split`, computed in ev
 lengths and positions): the blocks each sequence can see (``[lo, hi)`` from ``kv_lengths``,
 positions and window; blocks past the length are never read) are laid end to end and cut into
 ``batch * k_splits`` equal chunks, one per program, so a ragged batch spends its programs on its
-long sequences (a static split per sequence left the one long row of a ragged batch on few
-programs: 183 -> 127 us at batch 8, cuDNN 150-176 us) and no program idles (a split that rounded
-chunks per sequence needed spare programs, 2-3% of the time of a uniform batch 32). A program
+long sequences and no program idles (a static split per sequence, or one that rounds each
+sequence up to whole chunks, measured slower: ``benchmarks/README.md``). A program
 whose chunk crosses into the next sequence goes on with it. A sequence read by one program has its
 output written by that program; otherwise its programs store fp32 partials, merged
 (:mod:`pallas_kernels.split_kv`) in one of two ways, chosen by ``k_splits``: with <= 2 splits per

@@ -116,11 +116,9 @@ def gather_rows_pallas(x, rows, *, norm_weight=None, eps=1e-6, num_warps=None, i
 def use_pallas(batch, n, seq_len, hidden, has_norm) -> bool:
     """The ``impl="auto"`` rule on a GPU: never, for now.
 
-    ``benchmarks/gather_rows.json`` (H200, bf16, batch 1..32, T 128/2048, hidden 2048/4096, 1 or
-    5 rows, with RMSNorm): both take 11-21 us per call, launch-bound; the kernel's speed-up over
-    XLA's gather + norm is 0.79-1.41 (median 1.07) with no pattern in the shapes beyond the
-    noise, and batch 1 (the speculative-decoding case) mostly ties or loses. Inside a model's jit
-    XLA can also fuse the gather + norm with its neighbours, which a Pallas call cannot.
+    Both the kernel and XLA's gather + norm are launch-bound, and the kernel's speed-up showed
+    no pattern beyond the noise (``benchmarks/gather_rows.json``); inside a model's jit XLA can
+    also fuse the gather + norm with its neighbours, which a Pallas call cannot.
     """
     del batch, n, seq_len, hidden, has_norm
     return False

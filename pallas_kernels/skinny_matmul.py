@@ -64,19 +64,12 @@ class SkinnyConfig:
     num_stages: int = 4
 
 
-# Tilings from the sweeps (H200, jax 0.11.2; ``benchmarks/skinny_matmul_sweep.json`` for the
-# Llama-3.2-1B / 3.1-8B projection shapes as the model fuses them: qkv, o, gate_up, down, LM head;
-# the earlier ``skinny_matmul.json`` sweep for 4096 x 14336), by M bucket (M <= 2 -> 1, 3..8 -> 5,
-# 9..16 -> 16, 17..64 -> 32): ((block_n, block_k, split_k, num_warps, num_stages), whether
-# ``impl="auto"`` takes the kernel there). The flag is set where the best tiling beat XLA's dot by
-# >= 2% in the sweep *and* again in the separate measurement (``skinny_matmul.json``): at one row
-# everywhere but the 8B LM head; at 3..16 rows, where run-to-run noise (~10%) swamps the margins,
-# only 2048 x 3072 at 9..16 rows.
-# The 8B qkv, o, down and 4096 x 14336 tilings were re-swept on the H100 by the kernels' GPU time
-# (profiler; ``skinny_matmul_gpu_sweep_h100_run1/2.json``), which is steady where wall time is not:
-# no split-K and 6 stages of narrow tiles beat the wall-time picks by 1-14% at 1, 5 and 16 rows
-# (4096 x 4096: 0.83-0.85 of copy vs 0.75-0.79; 4096 x 14336: 0.95-0.98 vs 0.87-0.94; the down
-# projection gains least, 1-2%).
+# Tilings from the sweeps of the Llama-3.2-1B / 3.1-8B projection shapes as the model fuses them
+# (qkv, o, gate_up, down, LM head), by M bucket (M <= 2 -> 1, 3..8 -> 5, 9..16 -> 16, 17..64 -> 32):
+# ((block_n, block_k, split_k, num_warps, num_stages), whether ``impl="auto"`` takes the kernel
+# there). The flag is set where the best tiling beat XLA's dot beyond the noise in the sweep *and*
+# again in a separate measurement. The 8B shapes were re-swept by the kernels' GPU time (steady
+# where wall time is not). Files and figures: ``benchmarks/README.md``, skinny matmul.
 _TUNED = {
     (4096, 6144): {1: ((64, 128, 1, 4, 6), True), 5: ((64, 128, 1, 4, 6), False), 16: ((64, 128, 1, 4, 6), False)},
     (4096, 4096): {1: ((32, 128, 1, 4, 6), True), 5: ((32, 128, 1, 4, 6), False), 16: ((32, 128, 1, 4, 6), False)},
