@@ -49,10 +49,15 @@ class Capture:
 NO_CAPTURE = Capture()
 
 
-def check_logits_rows(logits_rows: jax.Array | None, batch: int) -> None:
-    """``logits_rows`` must be None or ``[batch, n]`` (a static check on the shape)."""
+def token_positions(tokens: jax.Array, kv, capture: Capture, logits_rows: jax.Array | None, num_layers: int):
+    """Positions ``[batch, T]`` of ``tokens [batch, T]`` after the cached rows, once the
+    arguments of a forward are checked (statically: ``capture`` against the depth,
+    ``logits_rows`` None or ``[batch, n]``)."""
+    batch, num_rows = tokens.shape
+    capture.check(num_layers)
     if logits_rows is not None and (logits_rows.ndim != 2 or logits_rows.shape[0] != batch):
         raise ValueError(f"logits_rows must be [batch={batch}, n] row indices, got shape {logits_rows.shape}")
+    return kv.lengths[:, None] + jnp.arange(num_rows, dtype=jnp.int32)[None, :]
 
 
 def lm_head(embed: jax.Array, head: jax.Array | None, h: jax.Array, *, impl: str = "auto") -> jax.Array:

@@ -29,7 +29,7 @@ import numpy as np
 from jspec.kv import KVCache, write_rows
 from jspec.layers import gated_mlp, linear
 from jspec.layers import rms_norm_fp32_scale as rms_norm
-from jspec.models.base import NO_CAPTURE, Capture, check_logits_rows, lm_head, random_matrix, random_norm_weight
+from jspec.models.base import NO_CAPTURE, Capture, lm_head, token_positions, random_matrix, random_norm_weight
 from jspec.models.gemma4.config import SLIDING, Gemma4Config
 from jspec.rope import apply_rope, rope_cos_sin
 from pallas_kernels import decode_attention, gather_rows
@@ -180,9 +180,7 @@ def forward(
     """
     c = model.config
     batch, num_rows = tokens.shape
-    capture.check(c.num_layers)
-    check_logits_rows(logits_rows, batch)
-    positions = kv.lengths[:, None] + jnp.arange(num_rows, dtype=jnp.int32)[None, :]  # [batch, T]
+    positions = token_positions(tokens, kv, capture, logits_rows, c.num_layers)  # [batch, T]
     rope = {}  # layer type -> (cos, sin) [batch, T, its head_dim]
     for kind in dict.fromkeys(c.layer_types):
         head_dim = c.head_dim if kind == SLIDING else c.global_head_dim

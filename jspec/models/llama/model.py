@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from jspec.kv import KVCache, write_rows
 from jspec.layers import linear, rms_norm, silu_mlp
-from jspec.models.base import NO_CAPTURE, Capture, check_logits_rows, lm_head, random_matrix, random_norm_weight
+from jspec.models.base import NO_CAPTURE, Capture, lm_head, token_positions, random_matrix, random_norm_weight
 from jspec.models.llama.config import LlamaConfig
 from jspec.rope import apply_rope, rope_cos_sin
 from pallas_kernels import decode_attention, gather_rows
@@ -145,9 +145,7 @@ def forward(
     """
     c = model.config
     batch, num_rows = tokens.shape
-    capture.check(c.num_layers)
-    check_logits_rows(logits_rows, batch)
-    positions = kv.lengths[:, None] + jnp.arange(num_rows, dtype=jnp.int32)[None, :]  # [batch, T]
+    positions = token_positions(tokens, kv, capture, logits_rows, c.num_layers)  # [batch, T]
     cos, sin = rope_cos_sin(positions, jnp.asarray(c.rope_inv_freq()), model.dtype)
     x = model.embed[tokens]  # [batch, T, hidden]
 
