@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
@@ -66,6 +67,22 @@ def test_score_rejects_bad_input(model, ids, match):
 
 
 # --- checkpoints -------------------------------------------------------------------------
+
+
+def test_forward_rejects_bad_capture_and_rows(model):
+    tokens = jnp.zeros((2, 3), jnp.int32)
+    kv = model.init_cache(2, 8)
+    with pytest.raises(ValueError, match=r"logits_rows must be \[batch=2, n\] row indices, got shape \(2,\)"):
+        jspec.forward(model, tokens, kv, logits_rows=jnp.zeros((2,), jnp.int32))
+    with pytest.raises(ValueError, match=r"Capture.residuals \[5\] out of range for a model with 2 layers"):
+        jspec.forward(model, tokens, kv, capture=jspec.Capture(residuals=(0, 5)))
+    with pytest.raises(ValueError, match="Capture.residuals must be layer indices >= 0"):
+        jspec.Capture(residuals=(-1,))
+
+
+def test_speculative_generate_rejects_a_non_drafter(model):
+    with pytest.raises(ValueError, match="drafter must implement jspec.drafters.Drafter, got str"):
+        jspec.speculative_generate(model, "ngram", [[1, 2]], 4)
 
 
 @pytest.fixture
