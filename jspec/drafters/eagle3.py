@@ -270,7 +270,10 @@ def load_head(path, *, dtype=None) -> Eagle3Head:
     path = Path(path)
     cfg = read_json(path / "config.json")
     if not is_eagle3_config(cfg):
-        raise ValueError(f"{path} is not an EAGLE-3 head (architectures: {cfg.get('architectures')!r}, expected one of {ARCHITECTURES})")
+        raise ValueError(
+            f"{path} is not an EAGLE-3 head (architectures: {cfg.get('architectures')!r}, "
+            f"expected one of {ARCHITECTURES})"
+        )
     config = config_from_hf(cfg)
     c, H, V, Vd = config.layer, config.hidden_size, config.layer.vocab_size, config.draft_vocab_size
     files = tensor_files(path)
@@ -284,7 +287,7 @@ def load_head(path, *, dtype=None) -> Eagle3Head:
     }
     expected |= layer_tensors(c, "midlayer.", in_size=2 * H)
     if Vd != V:
-        for name, shape in (("d2t", (Vd,)), ("t2d", (V,))):
+        for name in ("d2t", "t2d"):
             if name not in names:
                 raise ValueError(
                     f"EAGLE-3 checkpoint is missing {name!r}: draft_vocab_size {Vd} != vocab_size {V} needs the "
