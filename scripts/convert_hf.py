@@ -4,10 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 DTYPES = ("float32", "bfloat16", "float16")
 

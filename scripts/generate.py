@@ -10,12 +10,10 @@ prints the tokens, acceptance statistics and timings.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 DEFAULT_MODEL = ROOT / "checkpoints" / "tiny-llama3"
 DEFAULT_PROMPTS = ["5 17 42 8 99 3 61 5 17 42", "7 120", "11 12 13 14 15 11 12 13"]

@@ -1,5 +1,6 @@
 """Gemma 4 through the family-agnostic paths: forward contract, speculative losslessness,
-save / restore, presets and roofline byte counts."""
+save / restore, the kernels at Gemma-4-31B shapes. (Presets and roofline byte counts:
+test_bench.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec.bench import common as benchmarking
 from jspec.drafters import MTP, DraftModel, Eagle3, NGram, init_mtp_head
 from jspec.models import Capture, forward, gemma4
 from tests.tiny import TINY, TINY_GEMMA4, eagle3_head, tiny_gemma4
@@ -101,34 +101,6 @@ def test_save_restore_is_bit_exact(tmp_path, dtype):
         np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
 
 
-@pytest.mark.parametrize("name", ["gemma-4-31b", "gemma-4-e4b"])
-def test_presets_have_the_published_size(name):
-    """Parameter counts from abstract shapes (no weights made): 31B dense; E4B ~8B with PLE."""
-    model = _abstract(benchmarking.PRESETS[name], jnp.bfloat16)
-    params = sum(x.size for x in jax.tree.leaves(model))
-    expected = {"gemma-4-31b": (30e9, 32e9), "gemma-4-e4b": (7e9, 8.5e9)}[name]
-    assert expected[0] < params < expected[1], params
-    # The tied embedding is read whole by the LM head; the PLE table only at the looked-up rows.
-    lookup_only = 0 if model.ple is None else model.ple.embed.size
-    assert benchmarking.weight_bytes_per_step(model) == 2 * (params - lookup_only)
-
-
-def test_kv_bytes_count_each_layer_shape_and_window():
-    model = _abstract(TINY_GEMMA4, jnp.bfloat16)
-    # per row and sequence: sliding 2x16, full 1x32 values, K and V, 2 bytes; 4 layers (2 of each
-    # type, the KV-shared ones included), sliding layers read at most 5 rows.
-    per_row = {"sliding": 2 * 2 * 16 * 2, "full": 2 * 1 * 32 * 2}
-    assert benchmarking.kv_bytes_per_step(model, 3, 100) == 2 * 3 * (per_row["sliding"] * 5 + per_row["full"] * 100)
-    assert benchmarking.kv_bytes_per_step(model, 1, 4) == 2 * 4 * (per_row["sliding"] + per_row["full"])
-
-
-def test_confident_keeps_the_residual_stream_on_the_input_token():
-    """With the branch outputs scaled down, a tied-head Gemma predicts its input token, in bf16."""
-    model = jax.tree.map(lambda x: x.astype(jnp.bfloat16), tiny_gemma4())
-    ids = np.arange(40).reshape(2, 20)
-    assert (np.argmax(jspec.score(benchmarking.confident(model), ids), -1) == ids).all()
-
-
 def test_forward_on_pallas_kernels_matches_xla():
     """Windowed, scale-1.0 attention of both layer geometries through the kernels (interpret mode)."""
     from tests.test_model_kernels import _prefill_then_decode
@@ -144,10 +116,11 @@ def test_forward_on_pallas_kernels_matches_xla():
 def test_gemma_4_31b_attention_lowers_for_cuda(kind):
     """The attention kernel at Gemma-4-31B verify shapes (sliding: 16 KV heads x 256, window
     1024; full: 4 KV heads x 512), scale 1.0, lowers for an abstract H100 (no GPU needed)."""
+    from jspec.bench.presets import PRESETS
     from pallas_kernels.decode_attention import decode_attention_pallas
     from tests._lowering import lower_for_cuda, triton_kernel_count
 
-    c = benchmarking.PRESETS["gemma-4-31b"]
+    c = PRESETS["gemma-4-31b"]
     index = c.layer_types.index(f"{kind}_attention")
     kv_heads, head_dim = c.attention_shape(index)
     batch, rows, max_len = 2, 5, 4096

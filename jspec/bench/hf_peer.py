@@ -6,10 +6,8 @@ difference method ``(n - 1) / (T(n) - T(1))`` so prefill cancels out.
 
 from __future__ import annotations
 
-import statistics
-import time
-
-from jspec.config import LlamaConfig
+from jspec.bench.timing import time_fn, torch_sync
+from jspec.models.llama import LlamaConfig
 
 
 def hf_config(c: LlamaConfig):
@@ -50,22 +48,8 @@ def make_model(c: LlamaConfig, seed: int):
     return model
 
 
-def _median_time(fn, repeats):
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
-def tokens_per_s(model, prompt_ids, new_tokens, repeats, **generate_kwargs) -> float:
+def measure(name, model, prompt_ids, new_tokens, repeats, **generate_kwargs) -> dict:
+    """An ``hf_peer`` row: tokens/s of ``model.generate`` with ``generate_kwargs``, or the error."""
     import torch
 
     ids = torch.tensor(prompt_ids, device="cuda")
@@ -74,42 +58,36 @@ def tokens_per_s(model, prompt_ids, new_tokens, repeats, **generate_kwargs) -> f
         with torch.no_grad():
             return model.generate(ids, do_sample=False, max_new_tokens=n, min_new_tokens=n, **generate_kwargs)
 
-    t1 = _median_time(lambda: run(1), repeats)
-    tn = _median_time(lambda: run(new_tokens), repeats)
-    return ids.shape[0] * (new_tokens - 1) / (tn - t1)
+    try:
+        t1 = time_fn(lambda: run(1), warmup=1, repeats=repeats, sync=torch_sync)
+        tn = time_fn(lambda: run(new_tokens), warmup=1, repeats=repeats, sync=torch_sync)
+    except Exception as e:  # a peer failing is a result, not a crash of the run
+        return dict(measure="hf_peer", variant=name, tokens_per_s=None, error=f"{type(e).__name__}: {e}"[:300])
+    tokens_per_s = ids.shape[0] * (new_tokens - 1) / (tn.median_s - t1.median_s)
+    return dict(measure="hf_peer", variant=name, tokens_per_s=tokens_per_s, new_tokens=new_tokens,
+                timings={"1_token": t1.as_dict(), f"{new_tokens}_tokens": tn.as_dict()})
 
 
-def peer_results(target_config, draft_config, prompt_ids, *, new_tokens, k, repeats, seed) -> dict:
-    """HF tokens/s: eager generate, static cache + torch.compile, assisted (draft / self), prompt lookup."""
+def peer_results(target_config, draft_config, prompt_ids, *, new_tokens, k, repeats, seed) -> tuple[dict, list[dict]]:
+    """``(versions, rows)``: HF tokens/s of eager generate, static cache + torch.compile,
+    assisted generation (draft model / itself) and prompt lookup."""
     import torch
     import transformers
 
-    out = {"transformers_version": transformers.__version__, "torch_version": torch.__version__}
+    versions = {"transformers_version": transformers.__version__, "torch_version": torch.__version__}
     target = make_model(target_config, seed)
     variants = {
         "eager_dynamic_cache": {},
         "prompt_lookup": dict(prompt_lookup_num_tokens=k),
         "assisted_self": dict(assistant_model=target),
     }
-    for name, kwargs in variants.items():
-        try:
-            out[name] = tokens_per_s(target, prompt_ids, new_tokens, repeats, **kwargs)
-        except Exception as e:  # a peer failing is a result, not a crash of the run
-            out[name] = f"failed: {type(e).__name__}: {e}"[:300]
+    rows = [measure(name, target, prompt_ids, new_tokens, repeats, **kwargs) for name, kwargs in variants.items()]
     if draft_config is not None:
         draft = make_model(draft_config, seed + 1)
-        try:
-            out["assisted_draft_model"] = tokens_per_s(target, prompt_ids, new_tokens, repeats, assistant_model=draft)
-        except Exception as e:
-            out["assisted_draft_model"] = f"failed: {type(e).__name__}: {e}"[:300]
+        rows.append(measure("assisted_draft_model", target, prompt_ids, new_tokens, repeats, assistant_model=draft))
         del draft
-    try:
-        out["static_cache_compiled"] = tokens_per_s(
-            target, prompt_ids, new_tokens, repeats, cache_implementation="static",
-            compile_config=transformers.CompileConfig(fullgraph=False),
-        )
-    except Exception as e:
-        out["static_cache_compiled"] = f"failed: {type(e).__name__}: {e}"[:300]
+    rows.append(measure("static_cache_compiled", target, prompt_ids, new_tokens, repeats, cache_implementation="static",
+                        compile_config=transformers.CompileConfig(fullgraph=False)))
     del target
     torch.cuda.empty_cache()
-    return out
+    return versions, rows

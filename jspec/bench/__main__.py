@@ -1,0 +1,5 @@
+import sys
+
+from jspec.bench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,48 @@
+"""jspec benchmarks, one CLI: ``python -m jspec.bench <subcommand> [flags]``.
+
+Subcommands:
+  decode    ms/token of the on-device greedy decode loop and its HBM roofline fraction
+  spec      one speculation round vs one plain decode step (per k, per stage), and end-to-end
+            tokens/s against plain decode at controlled acceptance (oracle drafter)
+  compile   compile time of the whole speculative program for several k
+  kernels   Pallas kernel benchmarks and GPU correctness checks (actions: copy-bandwidth, check,
+            decode-attention, gather-rows, plot, merge, all)
+  matmul    the skinny matmul: correctness, tuning sweep, weight TB/s vs XLA and cuBLAS
+  catch-up  the EAGLE-3 round vs a decode step, and the draft catch-up with / without dead-row slicing
+
+Every subcommand takes, after its name, --tiny (a seconds-long CPU smoke run on tiny shapes),
+--out, --dtype, --seed, --repeats and, where meaningful, --impl. Targets are presets (random
+weights generated on the device from the real configs) or checkpoint directories. Every result
+is one JSON schema (``jspec.bench.report``): the command, the environment and rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from jspec.bench import catch_up, compile, decode, kernels, matmul, spec
+from jspec.bench.flags import apply_tiny
+
+SUBCOMMANDS = (decode, spec, compile, kernels, matmul, catch_up)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m jspec.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+    for module in SUBCOMMANDS:
+        module.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser().parse_args(argv)
+    args.argv = argv
+    if getattr(args, "tiny", False):
+        import jax
+
+        jax.config.update("jax_platforms", "cpu")
+        apply_tiny(args)
+    return args._run(args) or 0

@@ -1,0 +1,167 @@
+"""decode: ms/token of the on-device greedy decode loop and its HBM roofline fraction.
+
+ms/token = (T(n) - T(1)) / (n - 1) of ``generate``'s on-device while loop (medians, so the
+prefill cancels out); the roofline is (weights + KV bytes one step reads) / the copy bandwidth
+measured in the same run. On a GPU each row also has the kernels' own GPU time per token
+(profiler), and with ``--verify-rows`` one verify forward of that many rows. Targets are presets
+(random weights made on the device) or checkpoint directories. Writes ``--out`` (JSON) and a
+PNG beside it.
+
+  python -m jspec.bench decode --out benchmarks/decode.json --targets llama-3.1-8b --impl xla auto
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from tqdm.auto import tqdm
+
+from jspec import engine
+from jspec.bench import plots, report
+from jspec.bench.flags import common, subcommand
+from jspec.bench.presets import GREEDY, is_tiny, load_target, preset_names, random_prompts, weights_note
+from jspec.bench.roofline import copy_bandwidth, kv_bytes_per_step, weight_bytes_per_step
+from jspec.bench.timing import Timing, gpu_kernel_times, time_fn
+from jspec.models import forward
+from jspec.models.base import NO_CAPTURE
+
+NOTES = ("ms_per_token: generate's on-device while loop, (T(n) - T(1)) / (n - 1) of medians; gpu_busy_ms_per_token: "
+         "the same difference over the kernels' GPU time (profiler, one call each); verify: one jitted forward of "
+         "--verify-rows rows (all logits)")
+
+
+_start_decoding = jax.jit(engine.start_decoding,
+                          static_argnames=("params", "eos_ids", "output_width", "max_len", "impl"))
+
+
+def decode_state(model, batch, context, max_len, impl, seed=0):
+    """A plain decode state after the prefill of random prompts of ``context`` tokens."""
+    tokens = random_prompts(batch, context, model.config.vocab_size, seed)
+    lengths = jnp.full((batch,), context, jnp.int32)
+    return _start_decoding(model, tokens, lengths, jax.random.key(seed), params=GREEDY, eos_ids=(), output_width=16,
+                           max_len=max_len, impl=impl)
+
+
+def verify_pass(capture, impl):
+    """The target's verify forward: ``k + 1`` rows against the cache (read-only), all logits."""
+    return jax.jit(lambda t, tokens, kv: forward(t, tokens, kv, capture=capture, impl=impl)[0])
+
+
+def measure_verify(model, batch, context, *, rows, impl, repeats) -> Timing:
+    """One verify forward of ``rows`` rows per sequence after ``context`` cached rows."""
+    state = decode_state(model, batch, context, engine.cache_length(context, context + rows), impl)
+    tokens = jnp.zeros((batch, rows), jnp.int32)
+    verify = verify_pass(NO_CAPTURE, impl)
+    return time_fn(lambda: verify(model, tokens, state.kv), repeats=repeats)
+
+
+def plain_loop(model, batch, context, new_tokens, impl, seed=0):
+    """``run(n)``: ``generate``'s on-device loop over random prompts, ``n`` tokens (traced), and
+    the output width it was compiled for."""
+    tokens = random_prompts(batch, context, model.config.vocab_size, seed)
+    lengths = jnp.full((batch,), context, jnp.int32)
+    width = engine.output_width(new_tokens)
+    max_len = engine.cache_length(context, context + width)
+
+    def run(n):
+        return engine.generate_on_device(
+            model, tokens, lengths, jax.random.key(0), jnp.int32(n), params=GREEDY, eos_ids=(),
+            output_width=width, max_len=max_len, impl=impl,
+        )
+
+    return run, width
+
+
+def measure_decode_loop(model, batch, context, *, steps, impl, repeats):
+    """Seconds per token, the 1- and ``steps``-token timings, and the GPU busy time per token."""
+    run, _ = plain_loop(model, batch, context, steps, impl)
+    short, long = time_fn(lambda: run(1), repeats=repeats), time_fn(lambda: run(steps), repeats=repeats)
+    per_token = (long.median_s - short.median_s) / (steps - 1)
+    # The same difference over the GPU time of the kernels alone (profiler): what the wall time
+    # adds on top of it is the time the GPU sat idle between kernels (launches, loop control).
+    # (both programs are compiled and warm from the wall timing above)
+    kernels_short = gpu_kernel_times(lambda: run(1), warmup=0)
+    kernels_long = gpu_kernel_times(lambda: run(steps), warmup=0)
+    gpu = None
+    if kernels_long:
+        busy_short, busy_long = sum(t for _, t in kernels_short), sum(t for _, t in kernels_long)
+        gpu = dict(busy_s_per_token=(busy_long - busy_short) / (steps - 1),
+                   kernels_per_token=(len(kernels_long) - len(kernels_short)) / (steps - 1),
+                   timings={"gpu_1_token": Timing.of([busy_short]).as_dict(),
+                            f"gpu_{steps}_tokens": Timing.of([busy_long]).as_dict()})
+    return per_token, short, long, gpu
+
+
+def run(args):
+    dtype = jnp.dtype(args.dtype)
+    bw = copy_bandwidth(args.copy_bytes)
+    env = report.environment(dtype, args.seed, weights=weights_note(args.targets))
+    rows = []
+
+    def save():  # after every row: a slow compile that runs out of time loses nothing measured
+        report.write(args.out, report.result("decode", args.argv, env, rows, copy_bandwidth=bw, notes=NOTES))
+
+    for preset in tqdm(args.targets, desc="targets"):
+        model = load_target(preset, dtype, args.seed)
+        weights = weight_bytes_per_step(model)
+        for batch in args.batch:
+            for context in args.context:
+                for impl in args.impl:
+                    rows.append(_row(model, preset, weights, bw, batch, context, impl, args))
+                    save()
+        del model
+    plots.decode(rows, Path(args.out).with_suffix(".png"))
+
+
+def _row(model, preset, weights, bw, batch, context, impl, args):
+    per_token, short, long, gpu = measure_decode_loop(
+        model, batch, context, steps=args.steps, impl=impl, repeats=args.repeats
+    )
+    kv = kv_bytes_per_step(model, batch, context + args.steps // 2)
+    roofline_s = (weights + kv) / bw["bytes_per_s"]
+    row = dict(
+        measure="decode", target=preset, batch=batch, context=context, impl=impl, steps=args.steps,
+        ms_per_token=per_token * 1e3, tokens_per_s=batch / per_token, weight_bytes=weights, kv_bytes=kv,
+        roofline_ms_per_token=roofline_s * 1e3, roofline_fraction=roofline_s / per_token,
+        prefill_plus_first_token_ms=short.median_s * 1e3,
+        timings={"1_token": short.as_dict(), f"{args.steps}_tokens": long.as_dict()},
+    )
+    message = (f"{preset} b={batch} ctx={context} {impl}: {per_token * 1e3:.3f} ms/token, "
+               f"roofline {roofline_s * 1e3:.3f} ms ({roofline_s / per_token:.1%})")
+    if gpu:
+        row.update(gpu_busy_ms_per_token=gpu["busy_s_per_token"] * 1e3, kernels_per_token=gpu["kernels_per_token"],
+                   gpu_busy_roofline_fraction=roofline_s / gpu["busy_s_per_token"])
+        row["timings"].update(gpu["timings"])
+        message += (f"; GPU busy {gpu['busy_s_per_token'] * 1e3:.3f} ms/token ({gpu['kernels_per_token']:.0f} kernels, "
+                    f"{roofline_s / gpu['busy_s_per_token']:.1%} of roofline)")
+    if args.verify_rows:
+        verify = measure_verify(model, batch, context, rows=args.verify_rows, impl=impl, repeats=args.repeats)
+        verify_roofline_s = (weights + kv_bytes_per_step(model, batch, context)) / bw["bytes_per_s"]
+        row.update(verify_rows=args.verify_rows, verify_ms=verify.median_s * 1e3,
+                   verify_roofline_fraction=verify_roofline_s / verify.median_s)
+        row["timings"]["verify"] = verify.as_dict()
+        message += f"; verify {args.verify_rows} rows {verify.median_s * 1e3:.3f} ms " \
+                   f"({verify_roofline_s / verify.median_s:.1%})"
+    tqdm.write(message)
+    return row
+
+
+TINY = dict(targets=lambda targets: [t for t in targets if is_tiny(t)] or ["tiny"], batch=[1], context=[32],
+            steps=64, copy_bytes=1 << 22, repeats=5)
+
+
+def register(subparsers):
+    parent = common(out_help="JSON output path (a PNG plot is written beside it)", out_required=True, impl="many")
+    d = subcommand(subparsers, "decode", help="plain greedy decode vs roofline", description=__doc__, run=run,
+                   parents=[parent], tiny=TINY)
+    d.add_argument("--targets", nargs="+", default=["llama-3.2-1b", "llama-3.1-8b"],
+                   help=f"presets {preset_names()} or checkpoint directories")
+    d.add_argument("--batch", type=int, nargs="+", default=[1])
+    d.add_argument("--context", type=int, nargs="+", default=[512])
+    d.add_argument("--steps", type=int, default=128)
+    d.add_argument("--verify-rows", type=int, default=0,
+                   help="also time a verify forward of this many rows (k + 1), e.g. 5")
+    d.add_argument("--copy-bytes", type=int, default=2 << 30)
+    return d

@@ -1,0 +1,73 @@
+"""The flags every subcommand shares (a parent parser placed after the subcommand name) and
+what ``--tiny`` does to a subcommand's arguments."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+IMPL_HELP = ("kernel choice: auto, pallas or xla, optionally with per-kernel exceptions, "
+             "e.g. 'auto,skinny_matmul=xla'")
+
+
+def impl_choice(text: str) -> str:
+    """argparse type of ``--impl``: a valid ``impl`` string."""
+    from pallas_kernels._dispatch import check_impl
+
+    try:
+        check_impl(text, "skinny_matmul")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def ints(text: str) -> list[int]:
+    """'1,8,32' -> [1, 8, 32] ('' -> [])."""
+    return [int(t) for t in str(text).split(",") if t]
+
+
+def int_tuples(text: str) -> list[tuple[int, ...]]:
+    """'8x1x4096;32x8192' -> [(8, 1, 4096), (32, 8192)] ('' -> [])."""
+    return [tuple(ints(t.replace("x", ","))) for t in text.split(";") if t]
+
+
+def common(*, out_help: str, out_default=None, out_type=str, out_required: bool = False, repeats: int = 10,
+           repeats_help: str | None = None, impl: str | None = None, dtype: str = "bfloat16",
+           repeats_aliases: tuple[str, ...] = ()):
+    """A parent parser with ``--tiny --out --dtype --seed --repeats`` and, where meaningful,
+    ``--impl`` (``impl="one"``: one choice; ``"many"``: one or more to compare)."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("common flags")
+    g.add_argument("--tiny", action="store_true", help="seconds-long CPU smoke run on tiny shapes")
+    g.add_argument("--out", default=out_default, type=out_type, required=out_required,
+                   help=out_help)
+    g.add_argument("--dtype", default=dtype, help=f"parameter / input dtype (default {dtype})")
+    g.add_argument("--seed", type=int, default=0, help="random seed of weights and inputs (default 0)")
+    g.add_argument("--repeats", *repeats_aliases, type=int, default=repeats,
+                   help=repeats_help or f"timed samples; the median and p10 / p90 are reported (default {repeats})")
+    if impl == "one":
+        g.add_argument("--impl", default="auto", type=impl_choice, help=IMPL_HELP)
+    elif impl == "many":
+        g.add_argument("--impl", nargs="+", default=["auto"], type=impl_choice,
+                       help=IMPL_HELP + "; several to compare them")
+    return p
+
+
+def subcommand(subparsers, name: str, *, help: str, description: str, run: Callable, parents=(),
+               command: str | None = None, tiny: dict | None = None) -> argparse.ArgumentParser:
+    """A subparser that runs ``run(args)``, with ``tiny`` applied under ``--tiny``."""
+    p = subparsers.add_parser(name, help=help, description=description, parents=list(parents),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(_parser=p, _command=command or name, _run=run, _tiny=tiny or {})
+    return p
+
+
+def apply_tiny(args: argparse.Namespace) -> None:
+    """Under ``--tiny``: every flag left at its default takes its tiny value; a callable tiny value
+    (e.g. keep only tiny presets) filters the flag's value whether given or not."""
+    parser = args._parser
+    for dest, value in args._tiny.items():
+        if callable(value):
+            setattr(args, dest, value(getattr(args, dest)))
+        elif getattr(args, dest) == parser.get_default(dest):
+            setattr(args, dest, value)

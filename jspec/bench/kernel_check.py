@@ -1,0 +1,175 @@
+"""The kernels against their jnp references on the current device (``kernels check``), and the
+attention inputs the kernel benchmarks share."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels import decode_attention, gather_rows
+from pallas_kernels.decode_attention import decode_attention_pallas, decode_attention_reference
+from pallas_kernels.decode_tiling import default_config
+
+
+def decode_attention_inputs(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, lengths, *,
+                            seed=0, poison=False, dtype=jnp.bfloat16):
+    """Random ``q [batch, num_q, num_q_heads, head_dim]`` and caches ``k, v [batch, num_kv_heads,
+    max_len, head_dim]``, ``kv_lengths`` from ``lengths`` and ``q_positions`` = the last ``num_q``
+    rows of each length. ``poison``: NaN in every cache row past each length (nothing may read it)."""
+    keys = jax.random.split(jax.random.key(seed), 3)
+    q = jax.random.normal(keys[0], (batch, num_q, num_q_heads, head_dim), dtype)
+    k, v = (jax.random.normal(key, (batch, num_kv_heads, max_len, head_dim), dtype) for key in keys[1:])
+    kv_lengths = jnp.asarray(lengths, jnp.int32)
+    if poison:
+        past = jnp.arange(max_len)[None, None, :, None] >= kv_lengths[:, None, None, None]
+        k, v = jnp.where(past, jnp.nan, k), jnp.where(past, jnp.nan, v)
+    q_positions = kv_lengths[:, None] - num_q + jnp.arange(num_q, dtype=jnp.int32)[None, :]
+    return q, k, v, kv_lengths, q_positions
+
+
+def decode_check_cases():
+    """``(name, case kwargs, call kwargs)`` of the decode-attention check."""
+    base = dict(num_q_heads=32, num_kv_heads=8, head_dim=128)
+    return [
+        ("decode_gqa4_d128_bf16", dict(batch=4, num_q=1, max_len=4096, dtype="bfloat16", **base), {}),
+        ("decode_b8_block_k32_bf16", dict(batch=8, num_q=1, max_len=5000, dtype="bfloat16", **base), {}),
+        ("verify_gqa4_d128_bf16", dict(batch=3, num_q=5, max_len=3001, dtype="bfloat16", **base), {}),
+        ("tree9_window_bf16", dict(batch=2, num_q=9, max_len=2048, dtype="bfloat16", tree=True, **base),
+         dict(window=700)),
+        ("tree40_two_words_f32", dict(batch=2, num_q=40, num_q_heads=4, num_kv_heads=4, max_len=512, head_dim=64,
+                                      dtype="float32", tree=True), {}),
+        ("decode_mha_d64_f32", dict(batch=2, num_q=1, num_q_heads=8, num_kv_heads=8, max_len=1000, head_dim=64,
+                                    dtype="float32"), {}),
+        ("verify_gqa8_d256_bf16", dict(batch=2, num_q=4, num_q_heads=16, num_kv_heads=2, max_len=1536, head_dim=256,
+                                       dtype="bfloat16"), dict(scale=0.05)),
+        ("prefill_t128_gqa4_bf16", dict(batch=2, num_q=128, max_len=1024, dtype="bfloat16", **base), dict(window=300)),
+        ("decode_128k_b1_bf16", dict(batch=1, num_q=1, max_len=131072, dtype="bfloat16", **base), {}),
+        ("gemma4_full_d512_gqa8_bf16", dict(batch=2, num_q=5, num_q_heads=32, num_kv_heads=4, max_len=2048,
+                                            head_dim=512, dtype="bfloat16"), dict(scale=1.0)),
+        ("gemma4_sliding_d256_window_bf16", dict(batch=2, num_q=1, num_q_heads=32, num_kv_heads=16, max_len=3000,
+                                                 head_dim=256, dtype="bfloat16"), dict(window=1024, scale=1.0)),
+        ("decode_m4_gqa1_16_bf16", dict(batch=1, num_q=1, num_q_heads=4, num_kv_heads=4, max_len=256, head_dim=128,
+                                        dtype="bfloat16"), {}),
+    ]
+
+
+def make_case(seed, *, batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, tree=False):
+    """Random q/k/v (cache rows past each length NaN-poisoned), ragged lengths incl. num_q and max_len."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((batch, num_q, num_q_heads, head_dim))
+    k = rng.standard_normal((batch, num_kv_heads, max_len, head_dim)).astype(np.float32)
+    v = rng.standard_normal((batch, num_kv_heads, max_len, head_dim)).astype(np.float32)
+    lengths = rng.integers(num_q, max_len + 1, size=batch)
+    lengths[0] = max_len
+    if batch > 1:
+        lengths[-1] = num_q
+    for b in range(batch):
+        k[b, :, lengths[b]:] = np.nan
+        v[b, :, lengths[b]:] = np.nan
+    tail_mask, depth = None, np.arange(num_q)[None, :].repeat(batch, 0)
+    if tree:
+        tail_mask = np.zeros((batch, num_q, num_q), bool)
+        depth = np.zeros((batch, num_q), np.int32)
+        for b in range(batch):
+            tail_mask[b, 0, 0] = True
+            for c in range(1, num_q):
+                parent = int(rng.integers(0, c))
+                tail_mask[b, c] = tail_mask[b, parent]
+                tail_mask[b, c, c] = True
+                depth[b, c] = depth[b, parent] + 1
+    positions = lengths[:, None] - num_q + depth
+    return dict(
+        q=jnp.asarray(q, dtype), k=jnp.asarray(k, dtype), v=jnp.asarray(v, dtype),
+        kv_lengths=jnp.asarray(lengths, jnp.int32), q_positions=jnp.asarray(positions, jnp.int32),
+        tail_mask=None if tail_mask is None else jnp.asarray(tail_mask),
+    )
+
+
+def _compare(entry, run_kernel, run_reference, tol):
+    """``entry`` with max_abs_err / finite / passed (or the error) of the kernel vs the reference."""
+    try:
+        out = np.asarray(run_kernel(), np.float32)
+        ref = np.asarray(run_reference(), np.float32)
+        finite = bool(np.isfinite(out).all())
+        entry.update(max_abs_err=float(np.max(np.abs(out - ref))), finite=finite,
+                     passed=finite and bool(np.allclose(out, ref, atol=tol[0], rtol=tol[1])))
+    except Exception as exc:  # noqa: BLE001 - record and go on
+        entry.update(passed=False, error=f"{type(exc).__name__}: {str(exc)[:400]}")
+    return entry
+
+
+def check_decode_attention(max_len_cap=None, seed=0):
+    for name, case_kw, call_kw in decode_check_cases():
+        if max_len_cap and case_kw["max_len"] > max_len_cap:
+            continue
+        case_kw = dict(case_kw)
+        dtype = jnp.dtype(case_kw.pop("dtype"))
+        case = make_case(zlib.crc32(name.encode()) % 1000 + seed, dtype=dtype, **case_kw)
+        fns = {impl: jax.jit(lambda q, k, v, lens, p, t, impl=impl: decode_attention(
+            q, k, v, lens, q_positions=p, tail_mask=t, impl=impl, **call_kw)) for impl in ("pallas", "xla")}
+        a = (case["q"], case["k"], case["v"], case["kv_lengths"], case["q_positions"], case["tail_mask"])
+        tol = 2e-5 if dtype == jnp.float32 else 2e-2
+        entry = dict(measure="check", name=name, **case_kw, dtype=str(dtype), **call_kw)
+        yield _compare(entry, lambda: fns["pallas"](*a), lambda: fns["xla"](*a), (tol, tol))
+
+
+def check_split_merge(max_len_cap=None, draws=6, repeats=3, seed=0):
+    """The split programs of a sequence leave partials that the last to arrive (found with an
+    atomic counter) or a combine kernel merges. Races would show as wrong or unsteady outputs,
+    so: ragged batches with fresh random lengths (0 included, rows past each length NaN) for
+    several split counts, each call repeated; every output must match the reference and repeat
+    bit for bit (the merge runs in slot order, whichever program arrives last)."""
+    rng = np.random.default_rng(1 + seed)
+    hq, hkv, head_dim = 32, 8, 128
+    if jax.default_backend() != "gpu":  # interpreted: one draw, and no race to look for
+        draws, repeats = 1, 1
+    ref_fn = jax.jit(lambda q, k, v, lens, p: decode_attention_reference(q, k, v, lens, q_positions=p))
+    shapes = [(1, 1, 20000), (8, 1, 4096), (32, 1, 2048), (8, 5, 4096), (3, 9, 3000), (3, 1, 512)]
+    for batch, num_q, max_len in shapes:
+        if max_len_cap and max_len > max_len_cap:
+            continue
+        default = default_config(batch, num_q, hq, hkv, max_len, head_dim)["k_splits"]
+        for k_splits in sorted({2, default, 4 * default}):
+            fn = jax.jit(lambda q, k, v, lens, p, s=k_splits: decode_attention_pallas(q, k, v, lens, q_positions=p,
+                                                                                       k_splits=s))
+            worst, unsteady = 0.0, 0
+            for draw in range(draws):
+                lengths = rng.integers(0, max_len + 1, size=batch)
+                lengths[rng.integers(batch)] = max_len
+                lengths[rng.integers(batch)] = rng.integers(0, 3)
+                q, k, v, lens, pos = decode_attention_inputs(batch, num_q, hq, hkv, max_len, head_dim, lengths,
+                                                             seed=draw, poison=True)
+                outs = [np.asarray(fn(q, k, v, lens, pos), np.float32) for _ in range(repeats)]
+                ref = np.asarray(ref_fn(q, k, v, lens, pos), np.float32)
+                unsteady += sum(not np.array_equal(o, outs[0], equal_nan=True) for o in outs[1:])
+                worst = max(worst, float(np.max(np.abs(outs[0] - ref))) if np.isfinite(outs[0]).all() else float("inf"))
+            yield dict(measure="check", name=f"split_merge_b{batch}_q{num_q}_len{max_len}_splits{k_splits}",
+                       draws=draws, repeats=repeats, max_abs_err=worst, unsteady_repeats=unsteady,
+                       passed=bool(worst <= 2e-2 and unsteady == 0))
+
+
+def check_gather_rows(seed=0):
+    rng = np.random.default_rng(seed)
+    for batch, seq_len, hidden, n, norm in [(4, 37, 2048, None, True), (3, 9, 3072, 5, True), (2, 5, 5000, 2, False)]:
+        x = jnp.asarray(rng.standard_normal((batch, seq_len, hidden)), jnp.bfloat16)
+        rows = jnp.asarray(rng.integers(-seq_len, seq_len, size=(batch,) if n is None else (batch, n)), jnp.int32)
+        w = jnp.asarray(1 + rng.standard_normal(hidden), jnp.bfloat16) if norm else None
+        fns = {impl: jax.jit(lambda x, r, w, impl=impl: gather_rows(x, r, norm_weight=w, impl=impl))
+               for impl in ("pallas", "xla")}
+        entry = dict(measure="check", name=f"gather_rows_{batch}x{seq_len}x{hidden}_n{n}_norm{norm}")
+        yield _compare(entry, lambda: fns["pallas"](x, rows, w), lambda: fns["xla"](x, rows, w), (2e-2, 1e-2))
+
+
+def run_check(max_len_cap=None, seed=0) -> list[dict]:
+    """One ``check`` row per case, each printed as it finishes."""
+    rows = []
+    for entry in itertools.chain(check_decode_attention(max_len_cap, seed), check_split_merge(max_len_cap, seed=seed),
+                                 check_gather_rows(seed)):
+        rows.append(entry)
+        print(json.dumps(entry, default=float))
+    return rows

@@ -1,0 +1,262 @@
+"""spec: one speculation round vs one plain decode step, and end-to-end speed-up.
+
+* ``round`` rows: one jitted round (propose k drafts, verify k+1 rows, accept, commit; state
+  donated) for each ``--k``, against one plain decode step (medians of back-to-back calls);
+  for ``--stages-k`` also propose and verify timed alone as separate programs, and accept +
+  commit = round - propose - verify.
+* ``end_to_end`` rows: tokens/s of ``speculative_generate``'s on-device loop against plain
+  decoding (``(n - 1) / (T(n) - T(1))``), at controlled acceptance: the oracle drafter proposes
+  the target's own greedy continuation, each token corrupted with probability ``1 - alpha``,
+  while paying the real drafter's compute (``--alpha -1``: the drafter alone).
+* ``policy`` rows: the k that ``jspec.policy`` picks from the measured round costs.
+* ``--hf``: HF transformers on the same shapes (``hf_peer`` / ``hf_ratio`` rows).
+
+Preset targets get :func:`jspec.bench.presets.confident` weights. Writes ``--out`` and a PNG.
+
+  python -m jspec.bench spec --out spec.json --target llama-3.1-8b --drafter eagle3 --k 2 4
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from jspec import engine, speculative
+from jspec.bench import decode, plots, report
+from jspec.bench.flags import common, subcommand
+from jspec.bench.oracle import Oracle
+from jspec.bench.presets import GREEDY, PRESETS, confident, is_tiny, load_target, random_prompts, weights_note
+from jspec.bench.timing import compile_all, time_fn, time_steps
+from jspec.drafters import MTP, DraftModel, Eagle3, Eagle3Config, NGram, init_eagle3_head, init_mtp_head
+from jspec.drafters.base import RoundContext
+from jspec.policy import choose_for_batch, round_costs_by_batch
+
+DRAFTERS = ("draft-model", "self", "ngram", "eagle3", "mtp")
+NO_LIMIT = 1 << 30  # max_new_tokens of a timed round: never reached
+
+
+def eagle3_drafter(target, dtype, key, impl="auto") -> Eagle3:
+    """An EAGLE-3-shaped head for ``target``: one layer of the target's shapes, RoPE theta 1e4,
+    a 32k draft vocabulary (as published), the default captured layers where the target has 5+."""
+    layer = dataclasses.replace(target.config, num_layers=1, rope_theta=10000.0, rope_scaling=None)
+    depth = target.config.num_layers  # the default layers [2, L//2, L-3] need L >= 5
+    config = Eagle3Config(layer=layer, draft_vocab_size=min(32000, layer.vocab_size),
+                          target_hidden_size=target.config.hidden_size,
+                          aux_layers=None if depth >= 5 else (0, depth // 2, depth - 1))
+    head = jax.jit(init_eagle3_head, static_argnums=(0, 2))(config, key, dtype)
+    return Eagle3(head, impl=impl).bind(target)
+
+
+def make_drafter(kind, target, *, draft, dtype, seed, impl):
+    if kind == "draft-model":
+        return DraftModel(load_target(draft, dtype, seed + 1), impl=impl)
+    if kind == "self":
+        return DraftModel(target, impl=impl)
+    if kind == "ngram":
+        return NGram()
+    key = jax.random.key(seed + 1)
+    if kind == "eagle3":
+        return eagle3_drafter(target, dtype, key, impl)
+    if kind == "mtp":
+        return MTP(jax.jit(init_mtp_head, static_argnums=(0, 2))(target.config, key, dtype), impl=impl).bind(target)
+    raise SystemExit(f"unknown drafter {kind!r}")
+
+
+# One jitted prefill for every k: the initial state does not depend on k.
+_start = jax.jit(speculative.start, static_argnames=("params", "eos_ids", "capacity", "max_len", "impl"))
+_round = jax.jit(speculative.speculative_round, static_argnames=("num_draft_tokens", "params", "eos_ids", "impl"),
+                 donate_argnames=("state",))
+
+
+def spec_state(target, drafter, batch, context, capacity, impl, seed=0):
+    """The speculation state after the prefill of random prompts of ``context`` tokens."""
+    tokens = random_prompts(batch, context, target.config.vocab_size, seed)
+    lengths = jnp.full((batch,), context, jnp.int32)
+    return _start(target, drafter, tokens, lengths, jax.random.key(seed), params=GREEDY, eos_ids=(),
+                  capacity=capacity, max_len=capacity, impl=impl)
+
+
+def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repeats, warmup=3, stages_k=(),
+                   compile_threads=8, tags=None) -> list[dict]:
+    """``round`` rows: a round for each k (a fresh state each) against a plain decode step. The
+    round programs are compiled first, in parallel threads."""
+    if not ks:
+        return []
+    fresh = lambda: spec_state(target, drafter, batch, context, capacity, impl)  # noqa: E731
+    abstract = jax.eval_shape(fresh)
+    limit = jnp.int32(NO_LIMIT)
+    compiled = compile_all({k: _round.lower(target, drafter, abstract, num_draft_tokens=k, params=GREEDY, eos_ids=(),
+                                            max_new_tokens=limit, impl=impl) for k in ks}, compile_threads)
+    step = lambda s: engine.decode_step_jit(target, s, params=GREEDY, eos_ids=(), impl=impl)  # noqa: E731
+    plain = decode.decode_state(target, batch, context, capacity, impl)
+    decode_timing = time_steps(step, plain, warmup=warmup, repeats=repeats)[0]
+    decode_s = decode_timing.median_s
+    rows = []
+    for k in tqdm(ks, desc=f"k (batch {batch})"):
+        timing, state = time_steps(lambda s, k=k: compiled[k](target, drafter, s, max_new_tokens=limit), fresh(),
+                                   warmup=warmup, repeats=repeats)
+        round_s = timing.median_s
+        row = dict(measure="round", **(tags or {}), batch=batch, k=k, round_ms=round_s * 1e3,
+                   decode_step_ms=decode_s * 1e3, overhead_ratio=round_s / decode_s,
+                   timings=dict(round=timing.as_dict(), decode_step=decode_timing.as_dict()))
+        if k in stages_k:  # what the round spends beyond its two big stages
+            stages = stage_times(target, drafter, state, k, impl=impl, repeats=repeats)
+            row.update(propose_ms=stages["propose"].median_s * 1e3, verify_ms=stages["verify"].median_s * 1e3)
+            row["accept_commit_ms"] = row["round_ms"] - row["propose_ms"] - row["verify_ms"]
+            row["timings"].update({name: t.as_dict() for name, t in stages.items()})
+        rows.append(row)
+        tqdm.write(f"b={batch} k={k}: round {round_s * 1e3:.3f} ms = {round_s / decode_s:.2f}x decode step "
+                   f"({decode_s * 1e3:.3f} ms)" + (f"; propose {row['propose_ms']:.3f} ms, verify "
+                                                   f"{row['verify_ms']:.3f} ms" if "propose_ms" in row else ""))
+    return rows
+
+
+def stage_times(target, drafter, state, k, *, impl, repeats):
+    """Propose and verify timed alone (state not donated: both are read-only here)."""
+    ctx = RoundContext(state.history, state.target_kv.lengths, state.root, state.features, state.target_kv)
+    propose = jax.jit(lambda d, ds, c: d.propose(ds, c, num_draft_tokens=k, params=GREEDY, key=jax.random.key(0))[0])
+    tokens = jnp.zeros((state.history.shape[0], k + 1), jnp.int32)
+    verify = decode.verify_pass(drafter.capture, impl)
+    return dict(propose=time_fn(lambda: propose(drafter, state.draft_state, ctx), repeats=repeats),
+                verify=time_fn(lambda: verify(target, tokens, state.target_kv), repeats=repeats))
+
+
+def end_to_end(target, drafter, batch, args, tags) -> list[dict]:
+    """tokens/s of speculative_generate's on-device loop vs generate's, at controlled acceptance."""
+    n, context, vocab = args.new_tokens, args.context, target.config.vocab_size
+    plain, width = decode.plain_loop(target, batch, context, n, args.impl, seed=1)
+    t1, tn = time_fn(lambda: plain(1), repeats=args.repeats), time_fn(lambda: plain(n), repeats=args.repeats)
+    plain_tps = batch * (n - 1) / (tn.median_s - t1.median_s)
+    # The reference continuation the oracle replays: the target's own greedy output, long enough
+    # for the drafts of the last round (k past the n-th token).
+    k_max = max(args.k_end_to_end)
+    longer, reference_width = (plain, width) if width > n + k_max else decode.plain_loop(
+        target, batch, context, n + k_max + 1, args.impl, seed=1)
+    out, _ = longer(reference_width)
+    prompts = random_prompts(batch, context, vocab, 1)
+    lengths = jnp.full((batch,), context, jnp.int32)
+    capacity = engine.cache_length(context, context + width + k_max + 1)
+    reference = jnp.zeros((batch, capacity), jnp.int32).at[:, :context].set(prompts)
+    kept = min(reference_width, capacity - context)
+    reference = reference.at[:, context: context + kept].set(out[:, :kept])
+    rows = []
+    for alpha in tqdm(args.alpha, desc="alpha"):
+        # alpha < 0: the drafter on its own, no oracle (e.g. --drafter self accepts everything)
+        oracle = drafter if alpha < 0 else Oracle(drafter, reference, jnp.float32(alpha), vocab)
+        for k in args.k_end_to_end:
+            spec = lambda m, k=k: speculative.speculative_on_device(  # noqa: E731
+                target, oracle, prompts, lengths, jax.random.key(0), jnp.int32(m), params=GREEDY, eos_ids=(),
+                num_draft_tokens=k, capacity=capacity, max_len=capacity, impl=args.impl,
+            )
+            s1, sn = time_fn(lambda: spec(1), repeats=args.repeats), time_fn(lambda: spec(n), repeats=args.repeats)
+            _, _, rounds, accepted = spec(n)
+            spec_tps = batch * (n - 1) / (sn.median_s - s1.median_s)
+            rounds, accepted = np.asarray(rounds).sum(), np.asarray(accepted).sum()
+            expected = None if alpha < 0 else (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1
+            rows.append(dict(
+                measure="end_to_end", **tags, batch=batch, alpha=alpha, k=k, new_tokens=n,
+                mean_acceptance_length=float((accepted + rounds) / max(rounds, 1)),
+                expected_acceptance_length=expected, spec_tokens_per_s=spec_tps, plain_tokens_per_s=plain_tps,
+                speedup=spec_tps / plain_tps,
+                timings={"spec_1_token": s1.as_dict(), f"spec_{n}_tokens": sn.as_dict(),
+                         "plain_1_token": t1.as_dict(), f"plain_{n}_tokens": tn.as_dict()},
+            ))
+            tqdm.write(f"b={batch} alpha={alpha} k={k}: {spec_tps:.1f} tok/s vs plain {plain_tps:.1f} "
+                       f"({spec_tps / plain_tps:.2f}x), acceptance length {rows[-1]['mean_acceptance_length']:.2f}")
+    return rows
+
+
+def policy_rows(rounds, new_tokens) -> list[dict]:
+    """The k jspec.policy picks per batch and acceptance rate: per round (continuous batching),
+    and for whole batches of ``new_tokens`` each (straggler-corrected)."""
+    by_batch = round_costs_by_batch(rounds)
+    batches = sorted({2**i for i in range(max(by_batch).bit_length())} | set(by_batch))
+    return [dict(measure="policy", batch=batch, alpha=alpha, new_tokens=tokens,
+                 k=choose_for_batch(by_batch, batch, alpha, new_tokens=tokens))
+            for tokens in (None, new_tokens) for batch in batches for alpha in (0.3, 0.5, 0.6, 0.7, 0.8, 0.9)]
+
+
+def hf_rows(target, drafter, end_to_end_rows, args, env) -> list[dict]:
+    """HF transformers on the same shapes in the same run, and jspec / HF ratios (batch 1)."""
+    from jspec.bench import hf_peer
+
+    draft_config = drafter.model.config if isinstance(drafter, DraftModel) else None
+    prompt = np.asarray(random_prompts(1, args.context, target.config.vocab_size, 1)).tolist()
+    versions, peers = hf_peer.peer_results(target.config, draft_config, prompt, new_tokens=args.new_tokens,
+                                           k=max(args.k_end_to_end), repeats=max(2, args.repeats // 3), seed=args.seed)
+    env.update(versions)
+    tps = {row["variant"]: row.get("tokens_per_s") for row in peers}
+    ours = [r for r in end_to_end_rows if r["batch"] == 1]
+    ratios = {}
+    if ours and tps.get("eager_dynamic_cache"):
+        ratios["plain_jspec_over_hf_eager"] = ours[0]["plain_tokens_per_s"] / tps["eager_dynamic_cache"]
+    if ours and tps.get("static_cache_compiled"):
+        ratios["plain_jspec_over_hf_static_compiled"] = ours[0]["plain_tokens_per_s"] / tps["static_cache_compiled"]
+    # Random weights: HF's draft model accepts ~nothing, matched by jspec's oracle at alpha = 0.
+    zero = [r for r in ours if r["alpha"] == 0.0]
+    if zero and tps.get("assisted_draft_model"):
+        ratios["spec_alpha0_jspec_over_hf_assisted_draft"] = zero[0]["spec_tokens_per_s"] / tps["assisted_draft_model"]
+    tqdm.write(f"HF peer: {tps}\nratios: {ratios}")
+    return peers + [dict(measure="hf_ratio", ratio=name, value=value) for name, value in ratios.items()]
+
+
+def run(args):
+    dtype = jnp.dtype(args.dtype)
+    target = load_target(args.target, dtype, args.seed)
+    if args.target in PRESETS:  # random weights: make the oracle's reference continuation stable
+        target = confident(target, args.seed)
+    drafter = make_drafter(args.drafter, target, draft=args.draft, dtype=dtype, seed=args.seed, impl=args.impl)
+    names = [args.target] + ([args.draft] if args.drafter == "draft-model" else [])
+    env = report.environment(dtype, args.seed, weights=weights_note(names))
+    tags = dict(target=args.target, drafter=args.drafter, context=args.context, impl=args.impl)
+    if args.drafter == "draft-model":
+        tags["draft"] = args.draft
+    rows = []
+    for batch in args.batch:
+        capacity = engine.cache_length(args.context, args.context + 64 + (args.repeats + 8) * (max(args.k + [1]) + 1))
+        rows += measure_rounds(target, drafter, batch, args.context, args.k, capacity=capacity, impl=args.impl,
+                               repeats=args.repeats, stages_k=args.stages_k, compile_threads=args.compile_threads,
+                               tags=tags)
+        if args.alpha:
+            rows += end_to_end(target, drafter, batch, args, tags)
+    rounds = [row for row in rows if row["measure"] == "round"]
+    if rounds:
+        rows += policy_rows(rounds, args.new_tokens)
+    if args.hf:
+        rows += hf_rows(target, drafter, [row for row in rows if row["measure"] == "end_to_end"], args, env)
+    result = report.result("spec", args.argv, env, rows, notes=(
+        "round / decode step: medians of back-to-back donated jitted calls; stages: separate jitted programs "
+        "(propose; verify forward of k+1 rows), accept_commit = round - propose - verify"))
+    report.write(args.out, result)
+    plots.spec(result, Path(args.out).with_suffix(".png"))
+
+
+TINY = dict(target=lambda t: t if is_tiny(t) else "tiny", draft=lambda d: d if is_tiny(d) else "tiny-draft", context=32,
+            k=[2], new_tokens=28,  # < the 32-token output buffer minus k: one plain program serves the oracle too
+            k_end_to_end=[2], alpha=[0.8], stages_k=[2], repeats=2)
+
+
+def register(subparsers):
+    parent = common(out_help="JSON output path (a PNG plot is written beside it)", out_required=True, impl="one")
+    s = subcommand(subparsers, "spec", help="speculation round cost and end-to-end speed-up", description=__doc__,
+                   run=run, parents=[parent], tiny=TINY)
+    s.add_argument("--target", default="llama-3.1-8b")
+    s.add_argument("--drafter", default="draft-model", choices=DRAFTERS)
+    s.add_argument("--draft", default="llama-3.2-1b", help="draft model preset/path for --drafter draft-model")
+    s.add_argument("--batch", type=int, nargs="+", default=[1])
+    s.add_argument("--context", type=int, default=512)
+    s.add_argument("--k", type=int, nargs="*", default=list(range(1, 9)), help="k values for round timing")
+    s.add_argument("--stages-k", type=int, nargs="*", default=[4], help="k values whose stages are timed alone")
+    s.add_argument("--k-end-to-end", type=int, nargs="+", default=[4])
+    s.add_argument("--alpha", type=float, nargs="*", default=[0.0, 0.6, 0.8, 0.9, 1.0],
+                   help="oracle acceptance rates for the end-to-end runs (none: skip them; -1: the drafter "
+                        "alone, without the oracle)")
+    s.add_argument("--new-tokens", type=int, default=128)
+    s.add_argument("--hf", action="store_true", help="also run HF transformers (torch, GPU) on the same shapes")
+    s.add_argument("--compile-threads", type=int, default=8, help="round programs compile in parallel threads")
+    return s

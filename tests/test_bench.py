@@ -1,0 +1,226 @@
+"""The benchmark lab (jspec.bench): the CLI's help, every subcommand's --tiny run checked against
+the result schema and one sanity figure, the schema's validation, presets and roofline byte
+counts, and the benchmark-only catch-up variants against the library's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jspec
+from jspec.bench import catch_up, cli, report
+from jspec.bench.flags import apply_tiny
+from jspec.bench.presets import abstract_target, confident
+from jspec.bench.roofline import kv_bytes_per_step, weight_bytes_per_step
+from jspec.bench.timing import Timing, gpu_kernel_times, interleaved_gpu_times
+from jspec.drafters import Eagle3
+from jspec.policy import round_costs_from_benchmark
+from tests.tiny import TINY_GEMMA4, eagle3_head, tiny_gemma4, tiny_model
+
+ROOT = Path(__file__).resolve().parent.parent
+SUBCOMMANDS = ["decode", "spec", "compile", "kernels", "matmul", "catch-up"]
+KERNEL_ACTIONS = ["copy-bandwidth", "check", "decode-attention", "gather-rows", "plot", "merge", "all"]
+
+
+def _bench(*argv) -> int:
+    return cli.main([str(a) for a in argv])
+
+
+def _help(*argv) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        _bench(*argv, "--help")
+    assert exit_.value.code == 0
+
+
+def test_module_help_lists_every_subcommand():
+    out = subprocess.run([sys.executable, "-m", "jspec.bench", "--help"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120).stdout
+    assert all(name in out for name in SUBCOMMANDS)
+
+
+@pytest.mark.parametrize("argv", [[name] for name in SUBCOMMANDS] + [["kernels", a] for a in KERNEL_ACTIONS])
+def test_help(argv, capsys):
+    _help(*argv)
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m jspec.bench " + " ".join(argv))
+    measures = argv != ["kernels"] and argv[-1] not in ("plot", "merge")  # flags of the measuring actions
+    assert measures == all(flag in out for flag in ("--tiny", "--out", "--dtype", "--seed", "--repeats"))
+
+
+def _result(path) -> dict:
+    result = report.validate(json.loads(Path(path).read_text()))
+    assert result["environment"]["platform"] == "cpu" and result["argv"][0] in SUBCOMMANDS
+    return result
+
+
+def test_decode_tiny(tmp_path):
+    out = tmp_path / "decode.json"
+    _bench("decode", "--tiny", "--out", out, "--targets", "tiny", "tiny-gemma4", "llama-3.1-8b")
+    result = _result(out)
+    rows = report.rows(result, "decode")
+    assert result["command"] == "decode" and [r["target"] for r in rows] == ["tiny", "tiny-gemma4"]
+    assert all(r["roofline_fraction"] > 0 and r["weight_bytes"] > 0 for r in rows)
+    assert {"1_token", "64_tokens"} <= set(rows[0]["timings"]) and result["copy_bandwidth"]["bytes_per_s"] > 0
+    assert out.with_suffix(".png").exists()
+
+
+def test_spec_tiny_oracle_accepts_everything_at_alpha_1(tmp_path):
+    """A Gemma 4 target drafted by a Llama-family draft model: rounds with stages, end to end,
+    the policy; at alpha = 1 the oracle's drafts are all accepted (k + 1 tokens per round)."""
+    out = tmp_path / "spec.json"
+    _bench("spec", "--tiny", "--out", out, "--target", "tiny-gemma4", "--alpha", "1.0")
+    result = _result(out)
+    (round_,) = report.rows(result, "round")
+    assert round_["k"] == 2 and round_["overhead_ratio"] > 0 and {"propose", "verify"} <= set(round_["timings"])
+    (e2e,) = report.rows(result, "end_to_end")
+    assert e2e["mean_acceptance_length"] == e2e["expected_acceptance_length"] == 3
+    assert {r["k"] for r in report.rows(result, "policy")} <= {0, 2}
+    assert round_costs_from_benchmark(out) == {1: {2: round_["overhead_ratio"]}}  # what jspec.policy reads
+    assert out.with_suffix(".png").exists()
+
+
+def test_compile_tiny(tmp_path):
+    out = tmp_path / "compile.json"
+    _bench("compile", "--tiny", "--out", out)
+    rows = report.rows(_result(out), "compile")
+    assert [(r["k"], r["warm_up"]) for r in rows] == [(1, True), (2, False)]
+    assert all(r["total_s"] > r["trace_lower_s"] > 0 for r in rows)
+
+
+def test_catch_up_tiny(tmp_path):
+    out = tmp_path / "catch_up.json"
+    _bench("catch-up", "--tiny", "--out", out, "--ks", "2", "--catch-up-ks", "1", "3")
+    result = _result(out)
+    assert [r["k"] for r in report.rows(result, "round")] == [2]
+    rows = report.rows(result, "catch_up")
+    assert [r["k"] for r in rows] == [1, 3]
+    assert all(set(r["timings"]) == set(catch_up.VARIANTS) and r["unsliced_over_sliced"] > 0 for r in rows)
+
+
+def test_kernels_all_tiny_then_plot_and_merge(tmp_path):
+    """check (the kernels interpreted on CPU, small cases), copy bandwidth, decode attention,
+    gather rows; then the file actions on what it wrote."""
+    assert _bench("kernels", "all", "--tiny", "--out", tmp_path) == 0
+    check = _result(tmp_path / "decode_attention_check.json")
+    assert check["command"] == "kernels check" and check["rows"]
+    assert all(r["passed"] for r in report.rows(check, "check"))
+    attention = _result(tmp_path / "decode_attention.json")
+    rows = report.rows(attention, "decode_attention")
+    assert {r["set"] for r in rows} == {"grid", "ragged", "qscan"}
+    assert all(r["tb_s"]["pallas"] > 0 and r["tb_s"]["xla"] > 0 for r in rows)
+    assert all(r["speedup_vs_xla"] > 0 for r in report.rows(_result(tmp_path / "gather_rows.json"), "gather_rows"))
+
+    assert _bench("kernels", "plot", tmp_path / "decode_attention.json", tmp_path / "again.png") == 0
+    assert (tmp_path / "again.png").exists()
+    merged = tmp_path / "merged.json"
+    _bench("kernels", "merge", merged, tmp_path / "decode_attention.json", tmp_path / "decode_attention.json")
+    merged = report.validate(json.loads(merged.read_text()))
+    assert len(report.rows(merged, "run")) == 2 and len(report.rows(merged, "decode_attention")) == len(rows)
+
+
+def test_matmul_tiny(tmp_path):
+    """Correctness and auto routing of the skinny matmul, and its measurement, on CPU."""
+    _bench("matmul", "--tiny", "--out", tmp_path)
+    result = _result(tmp_path / "skinny_matmul.json")
+    cases = report.rows(result, "correctness")
+    assert cases and all(case["ok"] for case in cases)
+    assert [r["m"] for r in report.rows(result, "auto_routing")] == [4, 256]
+    assert all(r["tb_s"]["xla"] > 0 and r["tb_s"]["kernel_default"] > 0 for r in report.rows(result, "matmul"))
+
+
+def test_validate_names_what_breaks_the_schema():
+    good = {"schema": report.SCHEMA, "command": "spec", "argv": ["spec"],
+            "environment": dict.fromkeys(report.ENVIRONMENT_KEYS),
+            "rows": [{"measure": "round", "timings": {"round": Timing.of([1.0, 2.0, 3.0]).as_dict()}}]}
+    assert report.validate(good) is good
+    bad = [
+        ({"schema": "jspec.bench/0"}, "schema"),
+        ({"environment": {"device": "cpu"}}, "environment lacks"),
+        ({"rows": [{"k": 2}]}, "no 'measure'"),
+        ({"rows": [{"measure": "round", "timings": {"round": {"median_ms": 1.0}}}]}, "p10_<unit>"),
+        ({"rows": [{"measure": "round", "timings": {"round": dict(median_ms=1, p10_ms=2, p90_ms=3, repeats=2)}}]},
+         "p10 <= median"),
+        ({"results": []}, "unknown top-level"),
+    ]
+    for change, message in bad:
+        with pytest.raises(ValueError, match=message):
+            report.validate(dict(good, **change))
+
+
+def test_timing_spread_and_per_call():
+    t = Timing.of([4.0, 1.0, 2.0, 3.0, 5.0], calls_per_sample=2)
+    assert (t.median_s, t.repeats) == (3.0, 5) and t.p10_s < t.median_s < t.p90_s
+    d = t.per(2).as_dict("s")
+    assert d["median_s"] == 1.5 and d["calls_per_sample"] == 2
+
+
+def test_tiny_keeps_what_was_asked_and_only_tiny_presets():
+    args = cli.parser().parse_args(["spec", "--tiny", "--out", "x", "--target", "qwen3-8b", "--k", "1", "3", "--alpha"])
+    apply_tiny(args)
+    assert (args.target, args.draft, args.k, args.alpha, args.repeats) == ("tiny", "tiny-draft", [1, 3], [], 2)
+    args = cli.parser().parse_args(["spec", "--tiny", "--out", "x", "--target", "tiny-gemma4"])
+    apply_tiny(args)
+    assert (args.target, args.k, args.alpha) == ("tiny-gemma4", [2], [0.8])
+    with pytest.raises(SystemExit):
+        cli.parser().parse_args(["decode", "--out", "x", "--impl", "fast"])
+    assert cli.parser().parse_args(["decode", "--out", "x", "--impl", "xla", "auto,skinny_matmul=xla"]).impl == [
+        "xla", "auto,skinny_matmul=xla"]
+    assert cli.parser().parse_args(["matmul", "--trials", "3"]).repeats == 3  # the flag's old name
+
+
+def test_gpu_kernel_times_is_empty_off_a_gpu():
+    assert gpu_kernel_times(lambda: jnp.ones(3) + 1, flush_l2_bytes=1 << 10) == []
+    assert interleaved_gpu_times({"a": lambda: jnp.ones(3)}, flush_l2_bytes=1 << 10) == {"a": []}
+
+
+def test_catch_up_variants_match_the_librarys():
+    """The unsliced variants (bench only) leave the same cache and give the same kept hidden
+    state and draft logits as the library's sliced catch-up."""
+    target = tiny_model(0)
+    drafter = Eagle3(eagle3_head(1, target, aux=(0, 1, 1))).bind(target)
+    batch, k, context = 3, 3, 5
+    inputs = catch_up.catch_up_inputs(drafter, target, batch, k, context, jnp.float32)
+    results = {name: jax.jit(variant)(drafter, catch_up.draft_cache(drafter, batch, 16, context, jnp.float32), *inputs)
+               for name, variant in catch_up.VARIANTS.items()}
+    (kv, hidden, logits) = results.pop("sliced")
+    assert (np.asarray(kv.lengths) == context + np.arange(batch) % (k + 1) + 1).all()
+    for other_kv, other_hidden, other_logits in results.values():
+        np.testing.assert_array_equal(other_kv.lengths, kv.lengths)
+        np.testing.assert_allclose(other_kv.k[0], kv.k[0], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(other_hidden, hidden, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(other_logits, logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["gemma-4-31b", "gemma-4-e4b"])
+def test_presets_have_the_published_size(name):
+    """Parameter counts from abstract shapes (no weights made): 31B dense; E4B ~8B with PLE."""
+    model = abstract_target(name, jnp.bfloat16)
+    params = sum(x.size for x in jax.tree.leaves(model))
+    expected = {"gemma-4-31b": (30e9, 32e9), "gemma-4-e4b": (7e9, 8.5e9)}[name]
+    assert expected[0] < params < expected[1], params
+    # The tied embedding is read whole by the LM head; the PLE table only at the looked-up rows.
+    lookup_only = 0 if model.ple is None else model.ple.embed.size
+    assert weight_bytes_per_step(model) == 2 * (params - lookup_only)
+
+
+def test_kv_bytes_count_each_layer_shape_and_window():
+    model = abstract_target(TINY_GEMMA4, jnp.bfloat16)
+    # per row and sequence: sliding 2x16, full 1x32 values, K and V, 2 bytes; 4 layers (2 of each
+    # type, the KV-shared ones included), sliding layers read at most 5 rows.
+    per_row = {"sliding": 2 * 2 * 16 * 2, "full": 2 * 1 * 32 * 2}
+    assert kv_bytes_per_step(model, 3, 100) == 2 * 3 * (per_row["sliding"] * 5 + per_row["full"] * 100)
+    assert kv_bytes_per_step(model, 1, 4) == 2 * 4 * (per_row["sliding"] + per_row["full"])
+
+
+def test_confident_keeps_the_residual_stream_on_the_input_token():
+    """With the branch outputs scaled down, a tied-head Gemma predicts its input token, in bf16."""
+    model = jax.tree.map(lambda x: x.astype(jnp.bfloat16), tiny_gemma4())
+    ids = np.arange(40).reshape(2, 20)
+    assert (np.argmax(jspec.score(confident(model), ids), -1) == ids).all()
