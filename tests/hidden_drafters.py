@@ -106,7 +106,7 @@ def check_parity(target, drafter, ref_dir: Path, *, atol=2e-4):
     row_tokens = jnp.where(jnp.arange(width)[None] == last[:, None], first[:, None], shifted)
     kv = drafter._init_kv(batch, 64, drafter._layer.o.dtype)
     x_all, _ = drafter.run_rows(kv, row_tokens, drafter.target_features(features), from_target=True)
-    logits_all = drafter._logits(x_all)
+    logits_all = drafter.head_logits(x_all)
     for b in range(batch):
         n = int(lengths[b])
         # The reference's row hidden is what the next step recycles (EAGLE-3: pre-norm;
@@ -125,7 +125,7 @@ def check_parity(target, drafter, ref_dir: Path, *, atol=2e-4):
     kv, x = dstate.kv, dstate.hidden  # prefill left the draft cache at the prompt lengths
     draft_ids = [np.asarray(ref[f"draft_tokens_{b}"]) for b in range(batch)]
     for step in range(steps):
-        logits = drafter._logits(x)
+        logits = drafter.head_logits(x)
         for b in range(batch):
             np.testing.assert_allclose(logits[b], ref[f"chain_logits_{b}"][step], rtol=1e-4, atol=atol)
         tok = jnp.asarray([int(d[step]) for d in draft_ids], jnp.int32)

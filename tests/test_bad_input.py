@@ -66,9 +66,6 @@ def test_score_rejects_bad_input(model, ids, match):
         jspec.score(model, np.array(ids, dtype=object) if match == "equal-length" else ids)
 
 
-# --- checkpoints -------------------------------------------------------------------------
-
-
 def test_forward_rejects_bad_capture_and_rows(model):
     tokens = jnp.zeros((2, 3), jnp.int32)
     kv = model.init_cache(2, 8)
@@ -83,6 +80,9 @@ def test_forward_rejects_bad_capture_and_rows(model):
 def test_speculative_generate_rejects_a_non_drafter(model):
     with pytest.raises(ValueError, match="drafter must implement jspec.drafters.Drafter, got str"):
         jspec.speculative_generate(model, "ngram", [[1, 2]], 4)
+
+
+# --- checkpoints -------------------------------------------------------------------------
 
 
 @pytest.fixture

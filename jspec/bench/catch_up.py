@@ -38,7 +38,7 @@ from pallas_kernels import gather_rows
 def sliced(drafter, kv, base, tokens, features, last):
     """The library's catch-up: rows past the kept one are dropped right after the K/V write."""
     state = drafter.catch_up(kv, base, tokens, features, last)
-    return state.kv, state.hidden, drafter._logits(state.hidden)
+    return state.kv, state.hidden, drafter.head_logits(state.hidden)
 
 
 def _all_rows(drafter, kv, base, tokens, features):
@@ -50,13 +50,13 @@ def layer_unsliced(drafter, kv, base, tokens, features, last):
     """All rows through the whole layer, then the kept row is gathered and the head run on it."""
     x, kv = _all_rows(drafter, kv, base, tokens, features)
     hidden = gather_rows(x, last, impl=drafter.impl)
-    return kv.truncate(base + last + 1), hidden, drafter._logits(hidden)
+    return kv.truncate(base + last + 1), hidden, drafter.head_logits(hidden)
 
 
 def unsliced(drafter, kv, base, tokens, features, last):
     """All rows through the layer, the final norm and the LM head; the kept row picked last."""
     x, kv = _all_rows(drafter, kv, base, tokens, features)
-    logits = drafter._logits(x)  # [B, T, V_draft]
+    logits = drafter.head_logits(x)  # [B, T, V_draft]
     idx = last[:, None, None]
     hidden = jnp.take_along_axis(x, idx, axis=1)[:, 0]
     return kv.truncate(base + last + 1), hidden, jnp.take_along_axis(logits, idx, axis=1)[:, 0]

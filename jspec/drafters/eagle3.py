@@ -168,7 +168,7 @@ class Eagle3(HiddenStateDrafter):
     def _recycle(self, x):
         return x
 
-    def _logits(self, x):
+    def head_logits(self, x):
         h = rms_norm(x, self.head.norm, self._layer_config.rms_norm_eps)
         return linear(h, self.head.lm_head, impl=self.impl).astype(jnp.float32)
 

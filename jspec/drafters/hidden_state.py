@@ -66,7 +66,7 @@ class HiddenStateDrafter:
     """Mixin: prefill / propose / commit for a one-layer head over target features.
 
     A subclass (a registered pytree dataclass) provides ``impl``, ``_layer``, ``_layer_config``,
-    ``_layer_inputs(tokens, g, from_target)``, ``_recycle(x)``, ``_logits(x)`` (fp32, draft
+    ``_layer_inputs(tokens, g, from_target)``, ``_recycle(x)``, ``head_logits(x)`` (fp32, draft
     vocab), ``_to_target(ids)``, ``_draft_vocab_to_target(logits)`` and ``target_features(features)``
     (the captured target features -> the ``g`` its layer reads).
     """
@@ -121,7 +121,7 @@ class HiddenStateDrafter:
         keys = jax.random.split(key, num_draft_tokens)
 
         def draw(step_key, x):
-            logits = self._logits(x)  # [B, V_draft] fp32
+            logits = self.head_logits(x)  # [B, V_draft] fp32
             if params.greedy:
                 return self._to_target(jnp.argmax(logits, axis=-1).astype(jnp.int32)), None
             full = self._draft_vocab_to_target(logits)  # [B, V] with -inf off the draft vocab

@@ -143,7 +143,7 @@ class MTP(HiddenStateDrafter):
             return x
         return rms_norm(x, self.head.norm, self.head.config.rms_norm_eps)
 
-    def _logits(self, x):
+    def head_logits(self, x):
         h = rms_norm(x, self.head.norm, self.head.config.rms_norm_eps)
         return lm_head(self.embed, self.lm_head, h, impl=self.impl)
 
