@@ -30,7 +30,7 @@ if [ ! -x .venv/bin/python ]; then py=$(find_python 3.12); "$py" -m venv .venv; 
 if [ ! -x .venv-ref/bin/python ]; then py=$(find_python 3.11); "$py" -m venv .venv-ref; fi
 .venv-ref/bin/python -m pip install -q --upgrade pip
 # torch==2.13.0 is the CPU build available for Python 3.11 here; other specs pull CUDA builds.
-.venv-ref/bin/python -m pip install -q torch==2.13.0 transformers==5.23.0 safetensors numpy
+.venv-ref/bin/python -m pip install -q torch==2.13.0 transformers==5.23.0 safetensors numpy gguf accelerate
 
 .venv/bin/python -c "import jax, jspec; print('jspec ready: jax', jax.__version__, jax.devices())"
 .venv-ref/bin/python -c "import torch, transformers; print('HF reference ready: torch', torch.__version__, 'transformers', transformers.__version__)"
