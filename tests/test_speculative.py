@@ -91,6 +91,14 @@ def test_ngram_proposes_what_followed_the_latest_match():
     assert _ngram_proposal([1, 2, 3], 2, 2) == [3, 3]
 
 
+def test_ngram_earliest_match_drafts_what_hf_prompt_lookup_drafts():
+    seq = [5, 6, 7, 8, 9, 1, 6, 7, 4, 6, 7]
+    assert _ngram_proposal(seq, 10, 2, max_ngram=2, match="earliest") == [8, 9]  # the first "6 7", at 1..2
+    assert _ngram_proposal([9, 1, 2, 3, 0, 2, 5, 9, 1, 2], 9, 2, max_ngram=3, match="earliest") == [3, 0]
+    with pytest.raises(ValueError, match="match"):
+        NGram(match="first")
+
+
 # --- sampling ---------------------------------------------------------------------------
 
 SAMPLING_VOCAB = 8

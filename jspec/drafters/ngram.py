@@ -1,6 +1,11 @@
-"""Prompt lookup: propose the tokens that followed the latest earlier occurrence of the
-sequence's last n tokens (n from ``max_ngram`` down to ``min_ngram``). Model-free and
-deterministic (``q`` is one-hot); its state is empty."""
+"""Prompt lookup: propose the tokens that followed an earlier occurrence of the sequence's last
+n tokens (the longest n from ``max_ngram`` down to ``min_ngram`` that occurs). Model-free and
+deterministic (``q`` is one-hot); its state is empty.
+
+``match="latest"`` (default) takes the most recent occurrence, the one most likely to continue
+the current text; ``match="earliest"`` the first one, as HF transformers' prompt lookup
+(``PromptLookupCandidateGenerator``) does: with ``max_ngram=2, min_ngram=1`` it drafts what HF
+drafts (where HF's continuation stops at the end of the text, jspec pads with the root token)."""
 
 from __future__ import annotations
 
@@ -18,14 +23,17 @@ from jspec.sampling import SamplingParams
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class NGram:
-    """N-gram prompt-lookup drafter (API): ``NGram(max_ngram=3, min_ngram=1)``."""
+    """N-gram prompt-lookup drafter (API): ``NGram(max_ngram=3, min_ngram=1, match="latest")``."""
 
     max_ngram: int = dataclasses.field(default=3, metadata=dict(static=True))
     min_ngram: int = dataclasses.field(default=1, metadata=dict(static=True))
+    match: str = dataclasses.field(default="latest", metadata=dict(static=True))
 
     def __post_init__(self):
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
+        if self.match not in ("latest", "earliest"):
+            raise ValueError(f"match must be 'latest' or 'earliest', got {self.match!r}")
 
     @property
     def capture(self) -> Capture:
@@ -55,8 +63,12 @@ class NGram:
             for j in range(n):
                 suffix_tok = jnp.take_along_axis(history, jnp.maximum(suffix_start + j, 0)[:, None], axis=1)
                 matches &= jnp.roll(history, -j, axis=1) == suffix_tok
-            latest = jnp.max(jnp.where(matches, starts, -1), axis=1)
-            best_start = jnp.where(latest >= 0, latest + n, best_start)
+            if self.match == "latest":
+                chosen = jnp.max(jnp.where(matches, starts, -1), axis=1)
+            else:
+                chosen = jnp.min(jnp.where(matches, starts, capacity), axis=1)
+                chosen = jnp.where(chosen < capacity, chosen, -1)
+            best_start = jnp.where(chosen >= 0, chosen + n, best_start)
         # Continuation tokens must be known (index <= end); unknown slots repeat the root.
         offsets = best_start[:, None] + jnp.arange(num_draft_tokens, dtype=jnp.int32)[None, :]
         known = (best_start[:, None] >= 0) & (offsets <= end[:, None])
