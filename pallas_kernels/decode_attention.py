@@ -23,7 +23,8 @@ Visibility rule (``L = min(kv_lengths[b], max_len)``, ``p_i = q_positions[b, i]`
 probabilities are cast to V's dtype before the PV product (as a flash kernel does).
 
 The Pallas kernel (flash-decoding with the batch's KV blocks shared out evenly over its programs,
-stream-K) lives in :mod:`pallas_kernels.flash_decoding`.
+stream-K) lives in :mod:`pallas_kernels.flash_decoding`; its tiling, a function of the shapes and
+the window, in :mod:`pallas_kernels.decode_tiling`.
 
 ``impl="auto"`` (see :func:`use_pallas`): the reference on CPU; on a GPU the kernel wherever the
 recorded benchmarks show it faster (figures: ``benchmarks/README.md``, decode attention).
@@ -105,15 +106,20 @@ def decode_attention_reference(q, k, v, kv_lengths, *, q_positions, tail_mask=No
 
 def use_pallas(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype) -> bool:
     """The ``impl="auto"`` rule on a GPU (``benchmarks/decode_attention.json``,
-    ``decode_attention_d512.json``).
+    ``decode_attention_h100_inflight.json``, ``draft_attention_gemma4_h100.json``).
 
     The kernel for 16-bit caches (the only ones timed; fp32 goes to the reference) with head_dim
-    <= 256, at any number of query rows, except one query row against a tiny cache (fewer than
-    2**21 K elements, ``batch * kv_heads * max_len * head_dim``), where the reference's single
-    launch wins. head_dim 512 (Gemma 4's full layers) goes to the reference: the kernel's tiles
-    shrink to fit shared memory and it was slower there.
+    <= 512, at any number of query rows, except:
+
+    * one query row against a tiny cache (fewer than 2**21 K elements, ``batch * kv_heads *
+      max_len * head_dim``), where the reference's single launch wins;
+    * head_dim 512 with more than 4 M blocks of 16 rows (query rows x GQA group > 64, e.g. Gemma 4
+      31B verifying 9 rows): each M block reads the K/V blocks again from L2, and past 4 of them the
+      reference's one pass over the cache is as fast or faster.
     """
-    if jnp.dtype(dtype).itemsize != 2 or head_dim > 256:
+    if jnp.dtype(dtype).itemsize != 2 or head_dim > 512:
+        return False
+    if head_dim > 256 and num_q * (num_q_heads // num_kv_heads) > 64:
         return False
     if num_q == 1 and batch * num_kv_heads * max_len * head_dim < 2**21:
         return False

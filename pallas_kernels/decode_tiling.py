@@ -13,22 +13,33 @@ _ROWS_IN_FLIGHT = 16384
 # head_dim 512 with 5 query rows x GQA 8 and the head_dim-256 tiling asked for ~256 KiB and failed
 # to launch on an H200.
 _SMEM_BUDGET = 160 * 1024
+# From this head_dim up, M blocks hold 16 rows whatever the query rows x GQA group: a 16-row block
+# already keeps ~200 registers per thread (q as a dot operand is 16 x head_dim per warp, plus a
+# 16 x head_dim fp32 accumulator), and larger ones spill. More rows become more M blocks, which
+# read the same K/V blocks side by side, mostly from L2.
+_WIDE_HEAD_DIM = 256
 
 
-def _default_config(batch, num_kv_heads, m_blocks, max_len, head_dim, block_m):
+def _default_config(batch, num_kv_heads, m_blocks, rows, head_dim, block_m, *, windowed=False):
     """Tuning defaults, from the GPU-time sweeps in ``benchmarks/decode_attention_tiling_h100.json``
-    (16-row blocks) and ``benchmarks/decode_attention.json`` (larger blocks, H200).
+    (16-row blocks), ``benchmarks/decode_attention.json`` (larger blocks, H200) and
+    ``benchmarks/draft_attention_gemma4_sweep_*_h100.json`` (head_dim 256 / 512, ``variants``).
 
-    16-row M blocks (one query row x GQA <= 16: decode and frozen-KV drafting) stream the cache,
-    so what counts is how much of it is in flight: ``_ROWS_IN_FLIGHT`` cache rows over the GPU
-    (programs x block_k x (stages - 1), ~8 MB at head_dim 128), spread over as few programs as
-    that allows, because every extra split adds partials to merge. 3 stages; block_k 32 from 256
-    (sequence, KV head) pairs up (one split each), 64 from 64 pairs up (batch 8: two splits; batch
-    16: one), 32 below (batch 1: 32 splits of 32-row blocks).
+    ``rows``: the cache rows a sequence's queries can see at most (``max_len``, or a window's:
+    ``windowed``).
+    16-row M blocks (one query row x GQA <= 16: decode and frozen-KV drafting; any number of rows
+    at head_dim >= 256) stream the cache, so what counts is how much of it is in flight:
+    ``_ROWS_IN_FLIGHT`` cache rows over the GPU (programs x block_k x (stages - 1), ~8 MB at
+    head_dim 128), spread over as few programs as that allows, because every extra split adds
+    partials to merge. 3 stages; block_k 32 from 256 (sequence, KV head, M block) triples up (one
+    split each), 64 from 64 up (batch 8: two splits; batch 16: one), 32 below (batch 1: 32 splits
+    of 32-row blocks).
     Larger M blocks: about ``_TARGET_PROGRAMS`` programs, rounded down (each does more math),
     block_k 64, 3 stages.
-    Both: at least 4 KV blocks per split at full length, at most 64 splits; block_k 32 for
-    head_dim 256 and 16 above, and fewer stages where shared memory runs short.
+    Both: at least 4 KV blocks per split at full length (1 under a window: windowed calls are
+    short, and small batches of them ran fastest with 1-2 blocks per split), at most 64 splits;
+    head_dim 256: block_k 32; head_dim 512: block_k 32 with 2 stages (faster than 16 x 3 by up to
+    1.4x with several M blocks, the same with one); fewer stages where shared memory runs short.
     """
     base = batch * num_kv_heads * m_blocks
     num_stages = 3
@@ -39,23 +50,30 @@ def _default_config(batch, num_kv_heads, m_blocks, max_len, head_dim, block_m):
         block_k = 64
         k_splits = 1 << max(0, (_TARGET_PROGRAMS // base).bit_length() - 1)
     if head_dim > 128:
-        block_k = min(block_k, 32 if head_dim <= 256 else 16)
-    block_k = max(16, min(block_k, _next_pow2(max_len)))
-    n_blocks = -(-max_len // block_k)
-    k_splits = max(1, min(k_splits, 64, _next_pow2(max(1, n_blocks // 4))))
+        block_k = min(block_k, 32)
+    if head_dim > 256:
+        num_stages = 2
+    block_k = max(16, min(block_k, _next_pow2(rows)))
+    n_blocks = -(-rows // block_k)
+    k_splits = max(1, min(k_splits, 64, _next_pow2(max(1, n_blocks // (1 if windowed else 4)))))
     num_warps = 8 if block_m * head_dim >= 64 * 256 else 4
     while num_stages > 1 and _smem_bytes(block_m, block_k, head_dim, num_stages) > _SMEM_BUDGET:
         num_stages -= 1
     return dict(block_k=block_k, k_splits=k_splits, num_warps=num_warps, num_stages=num_stages)
 
 
-def default_config(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim):
-    """The tiling ``decode_attention_pallas`` uses for these shapes: ``_default_config`` plus
-    ``block_m`` (query rows x GQA group, padded to a power of two in 16..64)."""
+def tiling(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, *, window=None, **given):
+    """The tiling ``decode_attention_pallas`` uses for these shapes (static): ``block_m`` (query rows
+    x GQA group, padded to a power of two in 16..64; 16 from head_dim 256 up), ``block_k``,
+    ``k_splits``, ``num_warps``, ``num_stages``. With a ``window`` the splits are sized for the rows
+    the window lets the queries see, not for ``max_len``. Knobs in ``given`` are kept and the
+    others chosen around them."""
     rows_m = num_q * (num_q_heads // num_kv_heads)
-    block_m = max(16, min(_next_pow2(rows_m), 64))
     d_pad = max(16, _next_pow2(head_dim))
-    return dict(_default_config(batch, num_kv_heads, -(-rows_m // block_m), max_len, d_pad, block_m), block_m=block_m)
+    block_m = given.get("block_m") or (16 if d_pad >= _WIDE_HEAD_DIM else max(16, min(_next_pow2(rows_m), 64)))
+    rows = max_len if window is None else min(max_len, window + num_q - 1)
+    cfg = _default_config(batch, num_kv_heads, -(-rows_m // block_m), rows, d_pad, block_m, windowed=rows < max_len)
+    return {**cfg, "block_m": block_m, **given}
 
 
 def _smem_bytes(block_m, block_k, head_dim, num_stages, itemsize=2):

@@ -2,7 +2,7 @@
 
 Shapes, the visibility rule and the ``impl`` dispatch: ``pallas_kernels/decode_attention.py``.
 
-Grid ``(num_kv_heads, m_blocks, programs)``; the query heads of one KV head times the query rows
+Grid ``(m_blocks, num_kv_heads, programs)``; the query heads of one KV head times the query rows
 are folded into the M dimension (row ``r`` = query ``r // group``, head ``r % group``), padded to
 ``block_m >= 16``; each program runs an online softmax over its share of the KV blocks. The shares
 come from a work split over the whole batch (:func:`_work_split`, computed in every program from the
@@ -34,7 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._dispatch import interpret_mode
-from pallas_kernels.decode_tiling import _default_config, default_config
+from pallas_kernels.decode_tiling import tiling
 from pallas_kernels.split_kv import (
     _MASK_VALUE,
     _block_range,
@@ -90,7 +90,7 @@ def _decode_kernel(
     num_q_heads = group * num_kv_heads
     rows = num_q * num_q_heads  # output rows (query, head) per sequence
     # Program ids are read here, outside pl.when: the interpreter substitutes them at the top level only.
-    kv_head, m_block, program = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    m_block, kv_head, program = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     d = jnp.arange(head_dim, dtype=jnp.int32)
 
     def m_rows(n):
@@ -305,7 +305,9 @@ def _decode_call(
 
     outs = pl.pallas_call(
         kernel,
-        grid=(num_kv_heads, m_blocks, num_programs),
+        # The M blocks of one KV head come next to each other in launch order: they read the same
+        # K/V blocks at about the same time, so all but the first find them in L2.
+        grid=(m_blocks, num_kv_heads, num_programs),
         out_shape=out_shape,
         input_output_aliases=aliases,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
@@ -325,7 +327,7 @@ def decode_attention_pallas(
     q, k, v, kv_lengths, *, q_positions, tail_mask=None, window=None, scale=None,
     block_m=None, block_k=None, k_splits=None, num_warps=None, num_stages=None, interpret=None,
 ):
-    """The Pallas kernel (one launch); knobs default from the shapes (:mod:`pallas_kernels.decode_tiling`).
+    """The Pallas kernel (one launch); knobs default from the shapes (:func:`pallas_kernels.decode_tiling.tiling`).
 
     ``k_splits``: split programs per sequence on average (the batch's KV blocks are shared out
     evenly over ``batch * k_splits`` of them, see :func:`_work_split`; the last of a sequence's
@@ -333,29 +335,16 @@ def decode_attention_pallas(
     """
     batch, num_q, num_q_heads, head_dim = q.shape
     _, num_kv_heads, max_len, _ = k.shape
-    d_pad = max(16, _next_pow2(head_dim))
-    if block_m is None:
-        cfg = default_config(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim)
-        block_m = cfg["block_m"]
-    else:
-        rows_m = num_q * (num_q_heads // num_kv_heads)
-        cfg = _default_config(batch, num_kv_heads, -(-rows_m // block_m), max_len, d_pad, block_m)
-    block_k = cfg["block_k"] if block_k is None else block_k
-    k_splits = cfg["k_splits"] if k_splits is None else k_splits
-    for name, val in (("block_k", block_k), ("block_m", block_m)):
-        if val < 16 or val & (val - 1):
-            raise ValueError(f"{name} must be a power of two >= 16, got {val}")
-    if k_splits < 1:
-        raise ValueError(f"k_splits must be >= 1, got {k_splits}")
+    given = dict(block_m=block_m, block_k=block_k, k_splits=k_splits, num_warps=num_warps, num_stages=num_stages)
+    cfg = tiling(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, window=window,
+                 **{name: val for name, val in given.items() if val is not None})
+    for name in ("block_k", "block_m"):
+        if cfg[name] < 16 or cfg[name] & (cfg[name] - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {cfg[name]}")
+    if cfg["k_splits"] < 1:
+        raise ValueError(f"k_splits must be >= 1, got {cfg['k_splits']}")
     interpret = interpret_mode() if interpret is None else interpret
     scale = head_dim**-0.5 if scale is None else scale
-    out = _decode_call(
-        q, k, v, kv_lengths, q_positions, tail_mask, window, scale,
-        block_m=block_m,
-        block_k=block_k,
-        k_splits=k_splits,
-        num_warps=cfg["num_warps"] if num_warps is None else num_warps,
-        num_stages=cfg["num_stages"] if num_stages is None else num_stages,
-        interpret=interpret,
-    )
+    out = _decode_call(q, k, v, kv_lengths, q_positions, tail_mask, window, scale, interpret=interpret, **cfg)
+    d_pad = max(16, _next_pow2(head_dim))
     return out.reshape(batch, num_q, num_q_heads, d_pad)[..., :head_dim]

@@ -42,12 +42,14 @@ def _tree_mask(rng, batch, num_q):
 
 
 def make_case(
-    seed, *, batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, tree=False, lengths=None, poison=np.nan
+    seed, *, batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, tree=False, lengths=None, poison=np.nan,
+    same_kv=False,
 ):
+    """Random inputs, rows past each length poisoned; ``same_kv``: one buffer as K and V (k_eq_v)."""
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((batch, num_q, num_q_heads, head_dim))
     k = rng.standard_normal((batch, num_kv_heads, max_len, head_dim))
-    v = rng.standard_normal((batch, num_kv_heads, max_len, head_dim))
+    v = k if same_kv else rng.standard_normal((batch, num_kv_heads, max_len, head_dim))
     if lengths is None:
         lengths = rng.integers(num_q, max_len + 1, size=batch)
         lengths[0] = max_len
@@ -56,7 +58,7 @@ def make_case(
     lengths = np.asarray(lengths)
     for b in range(batch):
         k[b, :, lengths[b] :] = poison
-        v[b, :, lengths[b] :] = poison
+        v[b, :, lengths[b] :] = poison  # (the same rows again when v is k)
     tail_mask = None
     if tree:
         tail_mask, depth = _tree_mask(rng, batch, num_q)
@@ -210,21 +212,72 @@ def test_auto_rule_on_gpu():
     assert use_pallas(8, 5, 32, 8, 4096, 128, bf)
     assert not use_pallas(1, 1, 32, 8, 1024, 128, bf)  # single row, tiny cache: launch-bound, XLA
     assert not use_pallas(1, 1, 32, 8, 131072, 128, jnp.float32)
-    assert not use_pallas(1, 5, 32, 4, 4096, 512, bf)  # head_dim 512: measured slower
+    # Gemma 4: head_dim 256 / 512 drafting and verifying, up to 4 M blocks of 16 rows at head_dim 512
+    assert use_pallas(1, 1, 32, 4, 32768, 512, bf) and use_pallas(8, 5, 32, 4, 4096, 512, bf)
+    assert use_pallas(8, 9, 8, 2, 32768, 512, bf) and use_pallas(32, 9, 32, 16, 32768, 256, bf)
+    assert not use_pallas(8, 9, 32, 4, 32768, 512, bf)  # 31B, 9 rows x GQA 8 = 5 M blocks: the reference
 
 
 def test_one_row_tiling_keeps_the_cache_streaming():
     """One query row (GQA 4, Llama-3.1-8B heads): ~16k cache rows in flight over the GPU, on as few
     programs as that takes (the H100 sweeps in benchmarks/decode_attention_tiling_h100.json)."""
-    from pallas_kernels.decode_tiling import _ROWS_IN_FLIGHT, default_config
+    from pallas_kernels.decode_tiling import _ROWS_IN_FLIGHT, tiling
 
     expected = {1: (32, 32), 8: (64, 2), 16: (64, 1), 32: (32, 1)}  # batch: (block_k, k_splits)
     for batch, (block_k, k_splits) in expected.items():
-        cfg = default_config(batch, 1, 32, 8, 16384, 128)
+        cfg = tiling(batch, 1, 32, 8, 16384, 128)
         assert (cfg["block_k"], cfg["k_splits"], cfg["num_stages"]) == (block_k, k_splits, 3), batch
         in_flight = batch * 8 * cfg["k_splits"] * cfg["block_k"] * (cfg["num_stages"] - 1)
         assert _ROWS_IN_FLIGHT <= in_flight <= 2 * _ROWS_IN_FLIGHT, batch
-    assert default_config(1, 1, 32, 8, 512, 128)["k_splits"] == 4  # at least 4 blocks per split
+    assert tiling(1, 1, 32, 8, 512, 128)["k_splits"] == 4  # at least 4 blocks per split
+
+
+def test_gemma4_tiling_is_a_function_of_head_dim_and_window():
+    """head_dim >= 256: 16-row M blocks whatever the rows x group (larger blocks spill registers);
+    head_dim 512: block_k 32 with 2 stages; a window sizes the splits for the rows it lets the
+    queries see, not for the cache length."""
+    from pallas_kernels.decode_tiling import tiling
+
+    for num_q in (1, 5, 9):
+        full = tiling(1, num_q, 32, 4, 32768, 512)
+        assert (full["block_m"], full["block_k"], full["num_stages"], full["num_warps"]) == (16, 32, 2, 4)
+        assert tiling(8, num_q, 32, 16, 32768, 256, window=1024)["block_m"] == 16
+    assert tiling(1, 1, 32, 16, 131072, 256, window=1024) == tiling(1, 1, 32, 16, 4096, 256, window=1024)
+    # E4B sliding layers at batch 1: 16 blocks of 32 rows in the window, one split each (64 without it)
+    assert tiling(1, 1, 8, 2, 131072, 256)["k_splits"] == 64
+    assert tiling(1, 1, 8, 2, 131072, 256, window=512)["k_splits"] == 16
+    assert tiling(1, 9, 32, 8, 4096, 128)["block_m"] == 64  # head_dim 128 keeps the larger blocks
+    assert tiling(1, 5, 32, 4, 4096, 512, block_m=64, num_warps=8)["block_m"] == 64  # given knobs are kept
+
+
+GEMMA4_CASES = {
+    # name: (case kwargs, call kwargs); heads scaled down, GQA groups and head_dims as in Gemma 4
+    "full_d512_gqa8_1row_k_eq_v": (dict(batch=3, num_q=1, num_q_heads=8, num_kv_heads=1, max_len=90, head_dim=512,
+                                        same_kv=True), {}),
+    "full_d512_gqa8_9rows_k_eq_v": (dict(batch=2, num_q=9, num_q_heads=8, num_kv_heads=1, max_len=70, head_dim=512,
+                                         same_kv=True), {}),
+    "full_d512_gqa4_5rows_split": (dict(batch=3, num_q=5, num_q_heads=8, num_kv_heads=2, max_len=120, head_dim=512),
+                                   dict(k_splits=3)),
+    "sliding_d256_gqa2_9rows_window": (dict(batch=3, num_q=9, num_q_heads=4, num_kv_heads=2, max_len=150, head_dim=256),
+                                       dict(window=40, scale=1.0)),
+    "sliding_d256_gqa4_2rows_window_split": (dict(batch=2, num_q=2, num_q_heads=4, num_kv_heads=1, max_len=200,
+                                                  head_dim=256), dict(window=48, k_splits=4)),
+}
+
+
+@pytest.mark.parametrize("name", list(GEMMA4_CASES))
+def test_gemma4_shapes_match_reference(name):
+    """Gemma 4's attention shapes (head_dim 512 full / 256 sliding layers, GQA 2..8, 1..9 query rows,
+    one buffer as K and V, windows, split programs) against the reference: ragged lengths, NaN
+    past them, every output written."""
+    case_kw, call_kw = GEMMA4_CASES[name]
+    case = make_case(zlib.crc32(name.encode()) % 1000, dtype=jnp.float32, **case_kw)
+    args = (case["q"], case["k"], case["v"], case["kv_lengths"])
+    out = jax.jit(functools.partial(decode_attention_pallas, **call_kw))(*args, q_positions=case["q_positions"])
+    call_kw.pop("k_splits", None)
+    ref = decode_attention_reference(*args, q_positions=case["q_positions"], **call_kw)
+    assert np.isfinite(np.asarray(out)).all(), "NaN leaked into the kernel output"
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256, 512])

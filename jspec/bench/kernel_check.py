@@ -13,7 +13,7 @@ import numpy as np
 
 from pallas_kernels import decode_attention, gather_rows
 from pallas_kernels.decode_attention import decode_attention_pallas, decode_attention_reference
-from pallas_kernels.decode_tiling import default_config
+from pallas_kernels.decode_tiling import tiling
 
 
 def decode_attention_inputs(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, lengths, *,
@@ -55,11 +55,21 @@ def decode_check_cases():
                                                  head_dim=256, dtype="bfloat16"), dict(window=1024, scale=1.0)),
         ("decode_m4_gqa1_16_bf16", dict(batch=1, num_q=1, num_q_heads=4, num_kv_heads=4, max_len=256, head_dim=128,
                                         dtype="bfloat16"), {}),
+        # Gemma 4 draft / verify shapes: 16-row M blocks at head_dim 256 and 512, windows, k_eq_v
+        ("gemma4_31b_full_9rows_k_eq_v_bf16", dict(batch=3, num_q=9, num_q_heads=32, num_kv_heads=4, max_len=3000,
+                                                   head_dim=512, dtype="bfloat16", same_kv=True), dict(scale=1.0)),
+        ("gemma4_e4b_full_5rows_bf16", dict(batch=4, num_q=5, num_q_heads=8, num_kv_heads=2, max_len=5000,
+                                            head_dim=512, dtype="bfloat16"), dict(scale=1.0)),
+        ("gemma4_31b_sliding_9rows_window_bf16", dict(batch=3, num_q=9, num_q_heads=32, num_kv_heads=16, max_len=4000,
+                                                      head_dim=256, dtype="bfloat16"), dict(window=1024, scale=1.0)),
+        ("gemma4_e4b_sliding_1row_window_bf16", dict(batch=5, num_q=1, num_q_heads=8, num_kv_heads=2, max_len=2000,
+                                                     head_dim=256, dtype="bfloat16"), dict(window=512, scale=1.0)),
     ]
 
 
-def make_case(seed, *, batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, tree=False):
-    """Random q/k/v (cache rows past each length NaN-poisoned), ragged lengths incl. num_q and max_len."""
+def make_case(seed, *, batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, tree=False, same_kv=False):
+    """Random q/k/v (cache rows past each length NaN-poisoned), ragged lengths incl. num_q and max_len;
+    ``same_kv``: one buffer as both K and V (Gemma 4's ``attention_k_eq_v``)."""
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((batch, num_q, num_q_heads, head_dim))
     k = rng.standard_normal((batch, num_kv_heads, max_len, head_dim)).astype(np.float32)
@@ -84,7 +94,7 @@ def make_case(seed, *, batch, num_q, num_q_heads, num_kv_heads, max_len, head_di
                 depth[b, c] = depth[b, parent] + 1
     positions = lengths[:, None] - num_q + depth
     return dict(
-        q=jnp.asarray(q, dtype), k=jnp.asarray(k, dtype), v=jnp.asarray(v, dtype),
+        q=jnp.asarray(q, dtype), k=jnp.asarray(k, dtype), v=jnp.asarray(k if same_kv else v, dtype),
         kv_lengths=jnp.asarray(lengths, jnp.int32), q_positions=jnp.asarray(positions, jnp.int32),
         tail_mask=None if tail_mask is None else jnp.asarray(tail_mask),
     )
@@ -133,7 +143,7 @@ def check_split_merge(max_len_cap=None, draws=6, repeats=3, seed=0):
     for batch, num_q, max_len in shapes:
         if max_len_cap and max_len > max_len_cap:
             continue
-        default = default_config(batch, num_q, hq, hkv, max_len, head_dim)["k_splits"]
+        default = tiling(batch, num_q, hq, hkv, max_len, head_dim)["k_splits"]
         for k_splits in sorted({2, default, 4 * default}):
             fn = jax.jit(lambda q, k, v, lens, p, s=k_splits: decode_attention_pallas(q, k, v, lens, q_positions=p,
                                                                                        k_splits=s))

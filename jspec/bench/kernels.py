@@ -5,13 +5,15 @@ Actions (``python -m jspec.bench kernels <action> --help``):
   copy-bandwidth    device copy bandwidth (torch ``copy_`` if torch imports, else a JAX copy)
   check             kernels vs their jnp references on this device (exit 1 on a mismatch)
   decode-attention  decode / verify attention: Pallas kernel vs jnp reference vs cuDNN
+  draft-attention-gemma4  the same at Gemma 4's shapes (head_dim 256 / 512, windows), GPU time
   gather-rows       last-position slicing (+ RMSNorm): Pallas kernel vs XLA gather + norm
   plot              PNG from a decode-attention JSON
   merge             merge decode-attention JSONs of several runs (later runs win) + PNG
-  all               all of the above into --out, the recorded run
+  all               copy-bandwidth, check, decode-attention, gather-rows into --out, the recorded run
 
 ``--out`` is a folder; the files have fixed names (``copy_bandwidth.json``,
-``decode_attention_check.json``, ``decode_attention.json/png``, ``gather_rows.json``).
+``decode_attention_check.json``, ``decode_attention.json/png``, ``draft_attention_gemma4.json/png``,
+``gather_rows.json``).
 Timing: each measurement jits ``--inner`` dependent calls (the output of one call feeds the
 next, so nothing is hoisted or fused across calls and host dispatch is amortised), runs it
 twice to warm up, then reports the median over ``--repeats`` runs divided by ``--inner``; on a
@@ -33,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jspec.bench import plots, report
+from jspec.bench import draft_attention, plots, report
 from jspec.bench.flags import common, int_tuples, ints, subcommand
 
 DECODE_NOTES = ("ms: median of --repeats runs of a jit with --inner chained calls, divided by --inner; device_ms: "
@@ -118,7 +120,7 @@ def run_decode(args, copy_tb_s, save):
     """The grid (every batch x query rows x context), then ragged batches in a long cache."""
     from tqdm import tqdm
 
-    from pallas_kernels.decode_tiling import default_config
+    from pallas_kernels.decode_tiling import tiling
 
     hq, hkv, head_dim = args.heads
     kv_row_bytes = 2 * hkv * head_dim * 2  # K and V of one cache row, bf16
@@ -130,7 +132,7 @@ def run_decode(args, copy_tb_s, save):
         if 2 * kv_row_bytes * batch * context <= args.max_kv_gb * 1e9 and _has_cudnn():  # room for cuDNN's copy
             impls.append("cudnn")
         row = _bench(args, batch, num_q, context, copy_tb_s, "grid", impls=impls)
-        row["config"] = default_config(batch, num_q, hq, hkv, context, head_dim)
+        row["config"] = tiling(batch, num_q, hq, hkv, context, head_dim)
         rows.append(row)
         save(rows)
     # Ragged batches in a long cache: the kernel reads only each row's length.
@@ -164,11 +166,11 @@ def run_sweep(args, copy_tb_s):
     """Tiling variants of each --sweep-shapes shape, in interleaved rounds."""
     from tqdm import tqdm
 
-    from pallas_kernels.decode_tiling import default_config
+    from pallas_kernels.decode_tiling import tiling
 
     jobs = []
     for batch, num_q, context in args.sweep_shapes:
-        default = default_config(batch, num_q, 32, 8, context, 128)
+        default = tiling(batch, num_q, 32, 8, context, 128)
         splits = [default["k_splits"] // 2, default["k_splits"] * 2]
         shape_variants = [{}] + [dict(k_splits=s) for s in splits if s >= 1]
         if num_q > 1:
@@ -264,7 +266,8 @@ def run(args):
     from jspec.bench.roofline import copy_bandwidth
 
     env = report.environment(args.dtype, args.seed, weights="random inputs")
-    copy = copy_bandwidth(args.copy_bytes) if action in ("copy-bandwidth", "decode-attention", "all") else None
+    copy = copy_bandwidth(args.copy_bytes) if action in ("copy-bandwidth", "decode-attention", "draft-attention-gemma4",
+                                                         "all") else None
     if copy:
         print(f"copy bandwidth: {copy['tb_s']:.3f} TB/s ({copy['method']})")
     if action == "copy-bandwidth":
@@ -272,6 +275,9 @@ def run(args):
             row = dict(measure="copy_bandwidth", **copy)
             result = report.result("kernels copy-bandwidth", args.argv, env, [row])
             report.write(args.out / "copy_bandwidth.json", result)
+        return 0
+    if action == "draft-attention-gemma4":
+        draft_attention.run(args, env, copy)
         return 0
     status = 0
     if action in ("check", "all"):
@@ -364,6 +370,8 @@ def register(subparsers):
     action("check", "kernels vs references on this device", [_check_flags], TINY_CHECK, out_default=None)
     action("decode-attention", "decode attention benchmark", [_copy_flags, _timing_flags, _decode_flags],
            TINY_COPY | TINY_TIMING | TINY_DECODE)
+    action("draft-attention-gemma4", "decode / draft attention at Gemma 4 shapes: kernel vs reference vs cuDNN",
+           [_copy_flags, draft_attention.add_flags], TINY_COPY | draft_attention.TINY)
     action("gather-rows", "gather-rows benchmark", [_timing_flags], TINY_TIMING)
     action("all", "copy bandwidth, check, decode-attention (+ sweep), gather-rows; JSON + PNG",
            [_copy_flags, _check_flags, _timing_flags, _decode_flags],

@@ -96,6 +96,43 @@ def decode_attention(data, png):
     _save(plt, fig, png, dpi=110)
 
 
+def draft_attention(data, png):
+    """One panel per Gemma 4 shape and query-row count: K+V read / GPU time against the context,
+    a line per batch for the kernel (solid), the reference (dashed) and cuDNN (dotted)."""
+    rows = rows_of(data, "draft_attention")
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    queries = sorted({r["num_q"] for r in rows})
+    plt = pyplot()
+    fig, axes = plt.subplots(len(shapes), len(queries), figsize=(4.2 * len(queries), 3.2 * len(shapes)),
+                             squeeze=False, sharey=True)
+    copy = (data.get("copy_bandwidth") or {}).get("tb_s")
+    for si, shape in enumerate(shapes):
+        for qi, num_q in enumerate(queries):
+            ax = axes[si][qi]
+            for color, batch in enumerate(sorted({r["batch"] for r in rows})):
+                sel = sorted((r for r in rows if (r["shape"], r["num_q"], r["batch"]) == (shape, num_q, batch)),
+                             key=lambda r: r["context"])
+                for impl, style in (("pallas", "o-"), ("xla", "s--"), ("cudnn", "^:")):
+                    pts = [(r["context"], r["tb_s"][impl]) for r in sel if (r.get("tb_s") or {}).get(impl)]
+                    if pts:
+                        ax.plot(*zip(*pts), style, color=f"C{color}", label=f"{impl}, batch {batch}")
+            if copy:
+                ax.axhline(copy, color="gray", lw=0.8)
+                ax.axhline(0.8 * copy, color="gray", lw=0.8, ls=":")
+            ax.set_xscale("log", base=2)
+            r0 = next(r for r in rows if r["shape"] == shape)
+            ax.set_title(f"{shape} (Hq {r0['num_q_heads']} / Hkv {r0['num_kv_heads']}, d {r0['head_dim']}), "
+                         f"{num_q} row(s)", fontsize=8)
+            ax.set_xlabel("context (rows)")
+            ax.set_ylabel("K+V read / GPU time (TB/s)")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=6)
+    env = data["environment"]
+    fig.suptitle(f"draft attention at Gemma 4 shapes, {env['dtype']} -- {env['device']}, jax {env['jax_version']} "
+                 "(gray: copy bandwidth, dotted: 80%)")
+    _save(plt, fig, png, dpi=100)
+
+
 def matmul(data, png):
     plt = pyplot()
     meas = {(r["k"], r["n"], r["m"]): r for r in rows_of(data, "matmul") if not r.get("extra")}  # --shapes at --ms
@@ -134,6 +171,22 @@ def matmul(data, png):
     fig.suptitle(f"skinny matmul, bf16, {env['device']}, jax {env['jax_version']}")
     _save(plt, fig, png, dpi=110)
     print("wrote", png)
+
+
+def accept(rows, path):
+    """Mean acceptance length of jspec and HF per experiment and k (``summary`` rows)."""
+    plt = pyplot()
+    rows = [r for r in rows if r["measure"] == "summary"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4))
+    x = list(range(len(rows)))
+    ax.bar([i - 0.2 for i in x], [r["acceptance_length"] or 0 for r in rows], 0.4, label="jspec")
+    ax.bar([i + 0.2 for i in x], [r.get("hf_acceptance_length") or 0 for r in rows], 0.4,
+           label="HF assisted generation")
+    ax.set_xticks(x, [f"{r['experiment']}\nk={r['k']}" for r in rows], fontsize=7)
+    ax.set_ylabel("mean acceptance length (tokens / round)")
+    ax.set_title("Real models, real prompts (fp32, greedy unless t1)")
+    ax.legend()
+    _save(plt, fig, path, dpi=120)
 
 
 def _save(plt, fig, path, dpi):
