@@ -15,7 +15,6 @@ differently, so the outputs may part ways after a near tie: bfloat16 speculation
 from __future__ import annotations
 
 import argparse
-import sys
 import textwrap
 import time
 from pathlib import Path
