@@ -25,7 +25,7 @@ from jspec.policy import round_costs_from_benchmark
 from tests.tiny import TINY_GEMMA4, eagle3_head, tiny_gemma4, tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
-SUBCOMMANDS = ["decode", "spec", "compile", "kernels", "matmul", "catch-up"]
+SUBCOMMANDS = ["decode", "spec", "compile", "kernels", "matmul", "catch-up", "frozen-kv"]
 KERNEL_ACTIONS = ["copy-bandwidth", "check", "decode-attention", "gather-rows", "plot", "merge", "all"]
 
 
@@ -102,6 +102,22 @@ def test_catch_up_tiny(tmp_path):
     rows = report.rows(result, "catch_up")
     assert [r["k"] for r in rows] == [1, 3]
     assert all(set(r["timings"]) == set(catch_up.VARIANTS) and r["unsliced_over_sliced"] > 0 for r in rows)
+
+
+def test_frozen_kv_tiny(tmp_path):
+    """The Gemma 4 assistant: a round vs a decode step, the seed folded vs separate (same drafts,
+    checked by the command), end to end with the oracle set to a target acceptance length."""
+    out = tmp_path / "frozen_kv.json"
+    _bench("frozen-kv", "--tiny", "--out", out)
+    result = _result(out)
+    (round_,) = report.rows(result, "round")
+    assert round_["k"] == 2 and round_["drafter"] == "frozen_kv_mtp" and {"propose", "verify"} <= set(round_["timings"])
+    (propose,) = report.rows(result, "propose")
+    assert set(propose["timings"]) == {"folded", "separate", "separate_synced"} and propose["folded_ms"] > 0
+    (e2e,) = report.rows(result, "end_to_end")
+    assert (e2e["k"], e2e["target_acceptance_length"]) == (2, 2.5)
+    assert abs(e2e["expected_acceptance_length"] - 2.5) < 1e-9 and e2e["speedup"] > 0
+    assert out.with_suffix(".png").exists()
 
 
 def test_kernels_all_tiny_then_plot_and_merge(tmp_path):

@@ -12,13 +12,15 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec.drafters import MTP, DraftModel, Drafter, Eagle3, NGram, init_mtp_head
+from jspec.drafters import (
+    MTP, DraftModel, Drafter, Eagle3, FrozenKVMTP, NGram, assistant_config, init_assistant, init_mtp_head,
+)
 from jspec.drafters.base import RoundContext
 from jspec.engine import pad_prompts
 from jspec.kv import KVCache
 from jspec.sampling import SamplingParams
 from jspec.speculative import speculative_round, start
-from tests.tiny import eagle3_head, tiny_model
+from tests.tiny import eagle3_head, tiny_gemma4, tiny_model
 
 K = 3
 
@@ -30,6 +32,9 @@ def _drafter(kind, target):
         "ngram": lambda: NGram(max_ngram=2),
         "eagle3": lambda: Eagle3(eagle3_head(2, target, aux=(0, 1, 1))),
         "mtp": lambda: MTP(init_mtp_head(target.config, jax.random.key(3), scale=0.3)),
+        "frozen_kv_mtp": lambda: FrozenKVMTP(
+            init_assistant(assistant_config(target.config, hidden_size=32), jax.random.key(4), scale=0.3)
+        ),
     }[kind]()
 
 
@@ -38,9 +43,9 @@ def _draft_cache(dstate) -> KVCache | None:
     return caches[0] if caches else None
 
 
-@pytest.mark.parametrize("kind", ["draft", "self", "ngram", "eagle3", "mtp"])
+@pytest.mark.parametrize("kind", ["draft", "self", "ngram", "eagle3", "mtp", "frozen_kv_mtp"])
 def test_drafter_implements_the_protocol_and_rolls_back_only_in_commit(kind):
-    target = tiny_model(0)
+    target = tiny_gemma4(0) if kind == "frozen_kv_mtp" else tiny_model(0)  # the Gemma 4 assistant needs its family
     drafter = _drafter(kind, target)
     assert isinstance(drafter, Drafter)
     assert dataclasses.is_dataclass(drafter) and dataclasses.fields(drafter)  # a registered dataclass pytree

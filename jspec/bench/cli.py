@@ -9,6 +9,9 @@ Subcommands:
             decode-attention, gather-rows, plot, merge, all)
   matmul    the skinny matmul: correctness, tuning sweep, weight TB/s vs XLA and cuBLAS
   catch-up  the EAGLE-3 round vs a decode step, and the draft catch-up with / without dead-row slicing
+  accept    acceptance lengths on real model pairs and prompts (fp32), HF assisted generation as the peer
+  frozen-kv the Gemma 4 assistant drafter: round vs a decode step, the seed folded into the draft
+            scan vs a separate call, end to end at SGLang's acceptance lengths
 
 Every subcommand takes, after its name, --tiny (a seconds-long CPU smoke run on tiny shapes),
 --out, --dtype, --seed, --repeats and, where meaningful, --impl. Targets are presets (random
@@ -21,10 +24,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jspec.bench import catch_up, compile, decode, kernels, matmul, spec
+from jspec.bench import accept, catch_up, compile, decode, frozen_kv, kernels, matmul, spec
 from jspec.bench.flags import apply_tiny
 
-SUBCOMMANDS = (decode, spec, compile, kernels, matmul, catch_up)
+SUBCOMMANDS = (decode, spec, compile, kernels, matmul, catch_up, frozen_kv, accept)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -73,10 +73,11 @@ class Gemma4Config:
                 raise ValueError(f"num_attention_heads ({self.num_heads}) must be a multiple of {kv_heads} KV heads")
             if head_dim % 2:
                 raise ValueError(f"head dims must be even for rotary embeddings, got {head_dim}")
-        if not 0 <= self.num_kv_shared_layers < self.num_layers:
+        # All layers shared: a Gemma 4 assistant, whose layers read the K/V of its target.
+        if not 0 <= self.num_kv_shared_layers <= self.num_layers:
             raise ValueError(f"num_kv_shared_layers={self.num_kv_shared_layers} out of range for {self.num_layers} layers")
         producers = set(self.layer_types[: self.first_kv_shared_layer])
-        if self.num_kv_shared_layers and producers != set(self.layer_types):
+        if self.num_kv_shared_layers and producers and producers != set(self.layer_types):
             raise ValueError("every layer type of a KV-shared layer needs an earlier non-shared layer of that type")
         if self.hidden_size_per_layer_input and self.vocab_size_per_layer_input < self.vocab_size:
             raise ValueError(
@@ -111,13 +112,19 @@ class Gemma4Config:
     def first_kv_shared_layer(self) -> int:
         return self.num_layers - self.num_kv_shared_layers
 
-    def kv_source(self, layer: int) -> int:
+    def kv_source(self, layer: int) -> int | None:
         """The layer whose K/V ``layer`` attends to: itself, or for a KV-shared layer the last
-        non-shared layer of the same type. Only layers ``< first_kv_shared_layer`` own a cache."""
+        non-shared layer of the same type (None when every layer is shared: K/V handed in from
+        outside). Only layers ``< first_kv_shared_layer`` own a cache."""
         if layer < self.first_kv_shared_layer:
             return layer
-        kind = self.layer_types[layer]
-        return max(j for j in range(self.first_kv_shared_layer) if self.layer_types[j] == kind)
+        return self.last_kv_owner(self.layer_types[layer])
+
+    def last_kv_owner(self, layer_type: str) -> int | None:
+        """The last layer of ``layer_type`` that owns a cache (what KV-shared layers of that type
+        and a Gemma 4 assistant read), None if there is none."""
+        owners = [j for j in range(self.first_kv_shared_layer) if self.layer_types[j] == layer_type]
+        return owners[-1] if owners else None
 
     def has_v_proj(self, layer: int) -> bool:
         return not (self.attention_k_eq_v and not self.is_sliding(layer))

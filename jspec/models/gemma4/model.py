@@ -102,6 +102,12 @@ def _scale_in_dtype(value: float, dtype) -> jax.Array:
     return jnp.asarray(np.float32(value)).astype(dtype)
 
 
+def embed_tokens(embed: jax.Array, tokens: jax.Array) -> jax.Array:
+    """Gemma's input embedding ``embed[tokens] * sqrt(hidden)``, scaled in the table's dtype.
+    ``embed [vocab, hidden]``, ``tokens [...]`` -> ``[..., hidden]``."""
+    return embed[tokens] * _scale_in_dtype(embed.shape[1] ** 0.5, embed.dtype)
+
+
 def per_layer_inputs(model: Model, tokens: jax.Array, x: jax.Array, *, impl: str = "auto") -> jax.Array:
     """Each layer's PLE input ``[batch, T, L, P]`` for ``tokens [batch, T]`` with scaled
     embeddings ``x [batch, T, hidden]``: ``(norm(proj(x) / sqrt(H)) + table[t] * sqrt(P)) / sqrt(2)``
@@ -179,13 +185,17 @@ def forward(
     last ``num_kv_shared_layers`` layers on one row per sequence.
     """
     c = model.config
+    if c.first_kv_shared_layer == 0:
+        raise ValueError(
+            "every layer of this Gemma 4 model is KV-shared (a Gemma 4 assistant): it has no K/V of its own"
+        )
     batch, num_rows = tokens.shape
     positions = token_positions(tokens, kv, capture, logits_rows, c.num_layers)  # [batch, T]
     rope = {}  # layer type -> (cos, sin) [batch, T, its head_dim]
     for kind in dict.fromkeys(c.layer_types):
         head_dim = c.head_dim if kind == SLIDING else c.global_head_dim
         rope[kind] = rope_cos_sin(positions, jnp.asarray(c.rope(kind).inv_freq(head_dim)), model.dtype)
-    x = model.embed[tokens] * _scale_in_dtype(c.hidden_size**0.5, model.dtype)  # [batch, T, hidden]
+    x = embed_tokens(model.embed, tokens)  # [batch, T, hidden]
     ple = None if model.ple is None else per_layer_inputs(model, tokens, x, impl=impl)  # [batch, T, L, P]
 
     head_rows = None  # [batch, n] rows that get logits, negative ones counted from the end (as gather_rows)

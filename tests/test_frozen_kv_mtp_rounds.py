@@ -1,0 +1,217 @@
+"""FrozenKVMTP inside speculation rounds: greedy output equals plain greedy (targets with and
+without KV-shared layers, k_eq_v on and off, both heads, both options, ragged batches), sampled
+output has the target's distribution with either head, the target cache is only read (rows past
+the lengths may hold anything), and the seed step runs inside the draft scan."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.extend.core import ClosedJaxpr, Jaxpr
+
+import jspec
+from jspec.drafters import FrozenKVMTP, assistant_config, init_assistant
+from jspec.drafters.base import RoundContext
+from jspec.engine import pad_prompts
+from jspec.models.gemma4 import FULL, SLIDING
+from jspec.sampling import SamplingParams, probabilities
+from jspec.speculative import start
+from tests.hidden_drafters import check_greedy_lossless
+from tests.stats import assert_matches_distribution
+from tests.tiny import tiny_gemma4
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init(config, key):
+    return init_assistant(config, key, scale=0.3)
+
+
+def _drafter(target, seed, *, centroids=None, layer_types=(SLIDING, FULL, SLIDING), **options):
+    """A random assistant for ``target``: ``centroids`` = (num_centroids, top_k) for the centroid head."""
+    num_centroids, top_k = centroids or (None, 32)
+    config = assistant_config(target.config, hidden_size=32, layer_types=layer_types, num_heads=2,
+                              num_centroids=num_centroids, centroid_top_k=top_k)
+    return FrozenKVMTP(_init(config, jax.random.key(seed)), **options)
+
+
+# (seed, batch, k, eos, target overrides, centroid head, drafter options)
+GREEDY_CASES = [
+    # KV-shared layers (one per type), k_eq_v, per-layer embeddings (tests/tiny.py TINY_GEMMA4)
+    (0, 1, 1, False, dict(), None, dict()),
+    # no KV sharing (which transformers cannot run with an assistant), k_eq_v off, the centroid head
+    (1, 3, 3, True, dict(num_kv_shared_layers=0, attention_k_eq_v=False, num_global_kv_heads=2, vocab_size=96,
+                         vocab_size_per_layer_input=96), (8, 2), dict(rope_position="last_committed")),
+    (2, 2, 6, False, dict(num_kv_shared_layers=0, hidden_size_per_layer_input=0), None,
+     dict(rope_position="last_committed", sliding_rows="window")),
+]
+
+
+@pytest.mark.parametrize("seed, batch, k, eos, overrides, centroids, options", GREEDY_CASES)
+def test_greedy_speculative_equals_greedy(seed, batch, k, eos, overrides, centroids, options):
+    target = tiny_gemma4(seed, **overrides)
+    check_greedy_lossless(target, _drafter(target, seed + 50, centroids=centroids, **options), seed, batch, k, eos)
+
+
+# --- sampling ------------------------------------------------------------------------------
+
+VOCAB = 8
+NUM_SAMPLES = 6_000
+PROMPT = [1, 5, 1, 5, 2, 7, 3]
+
+
+@pytest.fixture(scope="module")
+def small_vocab():
+    """A target over 8 tokens and its last-row logits after ``PROMPT`` + every continuation of
+    0, 1 and 2 tokens (``[8 ** depth, 8]`` per depth), for exact joint distributions."""
+    target = tiny_gemma4(11, vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB)
+    logits = [np.asarray(jspec.score(target, np.array([PROMPT + list(p) for p in
+                                                        itertools.product(range(VOCAB), repeat=depth)]))[:, -1])
+              for depth in range(3)]
+    return target, logits
+
+
+def _exact_joint(logits, params):
+    """P(the first 3 new tokens) by enumeration: ``[vocab ** 3]``."""
+    joint = np.ones((1,))
+    for depth_logits in logits:
+        probs = np.asarray(probabilities(jnp.asarray(depth_logits), params), np.float64)
+        joint = (joint.reshape(-1, 1) * probs).ravel()
+    return joint
+
+
+@pytest.mark.parametrize(
+    "centroids, sampling",
+    [(None, dict(temperature=1.0)), ((4, 2), dict(temperature=0.9, top_k=6))],  # centroid: q is 0 on 4 of 8
+)
+def test_sampled_speculative_has_the_target_distribution(small_vocab, centroids, sampling):
+    target, logits = small_vocab
+    drafter = _drafter(target, 12, centroids=centroids)
+    result = jspec.speculative_generate(
+        target, drafter, [PROMPT] * NUM_SAMPLES, 3, num_draft_tokens=2, key=jax.random.key(3), **sampling
+    )
+    tokens = np.array(result.tokens)
+    assert result.stats["accepted"].sum() > 0
+    index = (tokens * VOCAB ** np.arange(2, -1, -1)).sum(axis=1)
+    assert_matches_distribution(index, _exact_joint(logits, SamplingParams(**sampling)))
+
+
+def test_sampled_drafts_come_from_the_returned_distribution(small_vocab):
+    """Centroid head: q is exactly zero off the candidates (never the min - 1 fill)."""
+    target, _ = small_vocab
+    drafter = _drafter(target, 5, centroids=(4, 1)).bind(target)
+    state = _start(target, drafter, [PROMPT])
+    ctx = RoundContext(state.history, state.target_kv.lengths, state.root, state.features, state.target_kv)
+    params = SamplingParams(temperature=1.0)
+    tokens, probs, _ = jax.jit(jax.vmap(lambda key: drafter.propose((), ctx, num_draft_tokens=1, params=params,
+                                                                    key=key)))(jax.random.split(jax.random.key(1), 2000))
+    probs = np.asarray(probs[:, 0, 0])  # [2000, vocab]: one context, one distribution
+    np.testing.assert_array_equal(probs, np.broadcast_to(probs[0], probs.shape))
+    assert (probs[0] == 0).sum() == VOCAB - VOCAB // 4  # q lives on one cluster of two tokens
+    assert_matches_distribution(np.asarray(tokens[:, 0, 0]), probs[0])
+
+
+# --- the target cache is only read -----------------------------------------------------------
+
+
+def _start(target, drafter, prompts, max_len=64):
+    tokens, lengths = pad_prompts(prompts)
+    return jax.jit(functools.partial(start, params=SamplingParams(), eos_ids=(), capacity=max_len, max_len=max_len))(
+        target, drafter, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.key(0)
+    )
+
+
+@pytest.fixture(scope="module")
+def prefilled():
+    """A target after the prefill of a ragged batch (the state does not depend on the assistant)."""
+    target = tiny_gemma4(6)
+    state = _start(target, _drafter(target, 7).bind(target), [[5, 17, 42, 8, 9, 1, 2, 3], [7, 1], [3] * 11])
+    return target, state
+
+
+@pytest.mark.parametrize("centroids", [None, (97, 3)])
+def test_propose_reads_the_target_cache_and_nothing_past_its_lengths(prefilled, centroids):
+    target, state = prefilled
+    drafter = _drafter(target, 7, centroids=centroids).bind(target)
+    kv = state.target_kv
+    before = jax.tree.map(np.array, kv)
+
+    @jax.jit
+    def round_logits(kv):
+        ctx = RoundContext(state.history, kv.lengths, state.root, state.features, kv)
+        tokens, _, _ = drafter.propose((), ctx, num_draft_tokens=3, params=SamplingParams(), key=jax.random.key(0))
+        view, token, hidden, logits = drafter.frozen_kv(kv, kv.lengths), state.root, state.features[0], []
+        for step in range(3):
+            y, hidden = drafter.step(view, token, hidden)
+            logits.append(drafter.head_logits(y))
+            token = tokens[:, step]
+        return tokens, jnp.stack(logits, 1)
+
+    tokens, logits = round_logits(kv)
+    assert jax.tree.all(jax.tree.map(np.array_equal, jax.tree.map(np.array, kv), before))  # bit-identical
+
+    past = jnp.arange(kv.max_len)[None, None, :, None] >= kv.lengths[:, None, None, None]
+    poisoned = jax.tree.map(lambda buf: jnp.where(past, jnp.nan, buf), (kv.k, kv.v))
+    poisoned_tokens, poisoned_logits = round_logits(type(kv)(*poisoned, kv.lengths))
+    np.testing.assert_array_equal(poisoned_tokens, tokens)
+    np.testing.assert_array_equal(poisoned_logits, logits)
+    assert np.isfinite(np.asarray(logits)).all()
+
+    # No write of any kind in the program of a greedy propose: the cache is an input only.
+    ctx = RoundContext(state.history, kv.lengths, state.root, state.features, kv)
+    jaxpr = jax.make_jaxpr(lambda c: drafter.propose((), c, num_draft_tokens=3, params=SamplingParams(),
+                                                     key=jax.random.key(0)))(ctx)
+    writes = {"dynamic_update_slice", "scatter", "scatter-add"} & _primitives(jaxpr.jaxpr)
+    assert not writes
+
+
+def _sub_jaxprs(params):
+    for value in params.values():
+        for v in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(v, ClosedJaxpr):
+                yield v.jaxpr
+            elif isinstance(v, Jaxpr):
+                yield v
+
+
+def _primitives(jaxpr) -> set[str]:
+    """Every primitive of ``jaxpr``, nested ones included."""
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for sub in _sub_jaxprs(eqn.params):
+            names |= _primitives(sub)
+    return names
+
+
+# --- the seed is iteration 0 of the draft scan -------------------------------------------------
+
+
+def test_the_seed_step_runs_inside_the_one_draft_scan(prefilled):
+    """propose's program: one scan of k iterations holds every assistant forward (the matmuls);
+    outside it, nothing but the RoPE tables and key splitting; one while loop once compiled."""
+    target, state = prefilled
+    drafter = _drafter(target, 9).bind(target)
+    ctx = RoundContext(state.history, state.target_kv.lengths, state.root, state.features, state.target_kv)
+    k = 4
+
+    def propose(c):
+        return drafter.propose((), c, num_draft_tokens=k, params=SamplingParams(), key=jax.random.key(0))
+
+    jaxpr = jax.make_jaxpr(propose)(ctx).jaxpr
+    (scan,) = [eqn for eqn in jaxpr.eqns if eqn.primitive.name == "scan"]
+    outside = set().union(*(_primitives_of(eqn) for eqn in jaxpr.eqns if eqn is not scan))
+    assert not {"dot_general", "scan", "while"} & outside
+    assert scan.params["length"] == k  # k drafts, k assistant forwards: the seed is iteration 0
+    assert "dot_general" in _primitives(scan.params["jaxpr"].jaxpr)
+    lowered = jax.jit(propose).lower(ctx)
+    assert lowered.as_text().count("stablehlo.while") == 1
+    assert lowered.compile().as_text().count(" while(") == 1  # XLA keeps the one loop
+
+
+def _primitives_of(eqn) -> set[str]:
+    return {eqn.primitive.name}.union(*(_primitives(sub) for sub in _sub_jaxprs(eqn.params)))
