@@ -25,8 +25,8 @@ from jspec.policy import round_costs_from_benchmark
 from tests.tiny import TINY_GEMMA4, eagle3_head, tiny_gemma4, tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
-SUBCOMMANDS = ["decode", "spec", "compile", "kernels", "matmul", "catch-up", "frozen-kv"]
-KERNEL_ACTIONS = ["copy-bandwidth", "check", "decode-attention", "gather-rows", "plot", "merge", "all"]
+SUBCOMMANDS = ["decode", "spec", "compile", "kernels", "matmul", "catch-up", "frozen-kv", "accept"]
+KERNEL_ACTIONS = ["copy-bandwidth", "check", "decode-attention", "gather-rows", "plot", "merge", "all", "draft-attention-gemma4"]
 
 
 def _bench(*argv) -> int:
@@ -240,3 +240,19 @@ def test_confident_keeps_the_residual_stream_on_the_input_token():
     model = jax.tree.map(lambda x: x.astype(jnp.bfloat16), tiny_gemma4())
     ids = np.arange(40).reshape(2, 20)
     assert (np.argmax(jspec.score(confident(model), ids), -1) == ids).all()
+
+
+def test_accept_summary_compares_jspec_with_the_hf_peer_per_experiment_and_k():
+    from jspec.bench import accept
+
+    rows = [dict(measure="jspec", experiment="e", prompt=p, k=3, acceptance_length=al, identical=True)
+            for p, al in (("a", 2.0), ("b", 3.0))]
+    rows += [dict(measure="hf", experiment="e", prompt=p, k=3, acceptance_length=al, tokens_per_s=5.0,
+                  equals_jspec=eq) for p, al, eq in (("a", 2.0, True), ("b", 2.0, False))]
+    rows.append(dict(measure="speed", experiment="e", k=3, batch=2, tokens_per_s=10.0, plain_tokens_per_s=8.0,
+                     batch1_tokens_per_s=6.0, batch1_plain_tokens_per_s=4.0))
+    (row,) = accept.summary(rows)
+    assert row["acceptance_length"] == 2.5 and row["hf_acceptance_length"] == 2.0
+    assert row["all_identical_to_plain"] and not row["all_equal_to_hf"]
+    assert row["tokens_per_s"] == 10.0 and row["prompts"] == 2
+    assert len(accept.prompt_set()) >= 8  # the committed prompt set

@@ -52,6 +52,22 @@ PRESETS: dict[str, LlamaConfig | Gemma4Config] = {
         head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0, qk_norm=True,
         architecture="Qwen3ForCausalLM",
     ),
+    # The real pairs of the acceptance benchmark (``accept``), shapes from their GGUF metadata:
+    # Qwen2.5-Coder-1.5B / 0.5B-Instruct (qwen2, tied embeddings, q/k/v bias) and SmolLM2-135M-Instruct.
+    "qwen2.5-coder-1.5b": LlamaConfig(
+        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12, num_kv_heads=2,
+        head_dim=128, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=True, qkv_bias=True, architecture="Qwen2ForCausalLM",
+    ),
+    "qwen2.5-coder-0.5b": LlamaConfig(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14, num_kv_heads=2,
+        head_dim=64, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=True, qkv_bias=True, architecture="Qwen2ForCausalLM",
+    ),
+    "smollm2-135m": LlamaConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
+        head_dim=64, max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
+    ),
     # Dense text decoder of Gemma-4-31B, shapes as specified for this project (REFERENCE §1.5);
     # RoPE 1e4 default (sliding) / 1e6 proportional 0.25 (full) are the Gemma4Config defaults.
     # max_position_embeddings = 262144 (the advertised 256K context) is not from a config file.
