@@ -61,18 +61,22 @@ PROMPTS = [[5, 17, 42, 8, 99, 3, 61], [7, 120], [11, 12, 13, 14, 15, 16, 17, 18,
 MAX_NEW_TOKENS = 24
 
 
-def make_model(name: str, seed: int = 0):
-    config_cls, model_cls, extra = CASES[name]
-    torch.manual_seed(seed)
-    config = getattr(transformers, config_cls)(**TINY, **extra)
-    model = getattr(transformers, model_cls)(config).eval()
+def randomise_norms_and_biases(model):
+    """Default init leaves norms at 1 and biases at 0; randomise them so they are tested."""
     with torch.no_grad():
-        # Default init leaves norms at 1 and biases at 0; randomise them so they are tested.
         for pname, p in model.named_parameters():
             if "norm" in pname:
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             elif pname.endswith(".bias"):
                 p.copy_(0.2 * torch.randn_like(p))
+
+
+def make_model(name: str, seed: int = 0):
+    config_cls, model_cls, extra = CASES[name]
+    torch.manual_seed(seed)
+    config = getattr(transformers, config_cls)(**TINY, **extra)
+    model = getattr(transformers, model_cls)(config).eval()
+    randomise_norms_and_biases(model)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
@@ -675,12 +679,7 @@ def cmd_gguf(out_dir: str) -> None:
     for ci, (name, (arch, config_cls, model_cls, extra)) in enumerate(GGUF_CASES.items()):
         torch.manual_seed(500 + ci)
         model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**TINY, **extra)).eval()
-        with torch.no_grad():
-            for pname, p in model.named_parameters():
-                if "norm" in pname:
-                    p.copy_(1.0 + 0.2 * torch.randn_like(p))
-                elif pname.endswith(".bias"):
-                    p.copy_(0.2 * torch.randn_like(p))
+        randomise_norms_and_biases(model)
         (out / name).mkdir(parents=True, exist_ok=True)
         path = out / name / "model.gguf"
         write_gguf(model, arch, path)
