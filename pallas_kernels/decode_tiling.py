@@ -12,7 +12,7 @@ _ROWS_IN_FLIGHT = 16384
 # Shared memory the default tiling may plan for (of 227 KiB on H100/H200; Triton needs headroom).
 # head_dim 512 with 5 query rows x GQA 8 and the head_dim-256 tiling asked for ~256 KiB and failed
 # to launch on an H200.
-_SMEM_BUDGET = 160 * 1024
+_SMEM_BUDGET = 168 * 1024
 # From this head_dim up, M blocks hold 16 rows whatever the query rows x GQA group: a 16-row block
 # already keeps ~200 registers per thread (q as a dot operand is 16 x head_dim per warp, plus a
 # 16 x head_dim fp32 accumulator), and larger ones spill. More rows become more M blocks, which
@@ -38,8 +38,9 @@ def _default_config(batch, num_kv_heads, m_blocks, rows, head_dim, block_m, *, w
     block_k 64, 3 stages.
     Both: at least 4 KV blocks per split at full length (1 under a window: windowed calls are
     short, and small batches of them ran fastest with 1-2 blocks per split), at most 64 splits;
-    head_dim 256: block_k 32; head_dim 512: block_k 32 with 2 stages (faster than 16 x 3 by up to
-    1.4x with several M blocks, the same with one); fewer stages where shared memory runs short.
+    head_dim 256: block_k 32; head_dim 512: 16-row blocks block_k 32 with 2 stages (faster than
+    16 x 3 by up to 1.4x with several M blocks, the same with one), a 64-row block 16 x 3 (1.1-1.3x
+    the 2-stage or block_k-32 tilings); fewer stages where shared memory runs short.
     """
     base = batch * num_kv_heads * m_blocks
     num_stages = 3
@@ -51,8 +52,8 @@ def _default_config(batch, num_kv_heads, m_blocks, rows, head_dim, block_m, *, w
         k_splits = 1 << max(0, (_TARGET_PROGRAMS // base).bit_length() - 1)
     if head_dim > 128:
         block_k = min(block_k, 32)
-    if head_dim > 256:
-        num_stages = 2
+    if head_dim > 256:  # 16-row blocks: 32 x 2 stages; one 64-row block: 16 x 3 (q takes 64 KiB of smem)
+        block_k, num_stages = (32, 2) if block_m <= 16 else (16, 3)
     block_k = max(16, min(block_k, _next_pow2(rows)))
     n_blocks = -(-rows // block_k)
     k_splits = max(1, min(k_splits, 64, _next_pow2(max(1, n_blocks // (1 if windowed else 4)))))
@@ -63,17 +64,28 @@ def _default_config(batch, num_kv_heads, m_blocks, rows, head_dim, block_m, *, w
 
 
 def tiling(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, *, window=None, **given):
-    """The tiling ``decode_attention_pallas`` uses for these shapes (static): ``block_m`` (query rows
-    x GQA group, padded to a power of two in 16..64; 16 from head_dim 256 up), ``block_k``,
+    """The tiling ``decode_attention_pallas`` uses for these shapes (static): ``block_m`` (see
+    :func:`_block_m`), ``block_k``,
     ``k_splits``, ``num_warps``, ``num_stages``. With a ``window`` the splits are sized for the rows
     the window lets the queries see, not for ``max_len``. Knobs in ``given`` are kept and the
     others chosen around them."""
     rows_m = num_q * (num_q_heads // num_kv_heads)
     d_pad = max(16, _next_pow2(head_dim))
-    block_m = given.get("block_m") or (16 if d_pad >= _WIDE_HEAD_DIM else max(16, min(_next_pow2(rows_m), 64)))
+    block_m = given.get("block_m") or _block_m(rows_m, d_pad)
     rows = max_len if window is None else min(max_len, window + num_q - 1)
     cfg = _default_config(batch, num_kv_heads, -(-rows_m // block_m), rows, d_pad, block_m, windowed=rows < max_len)
     return {**cfg, "block_m": block_m, **given}
+
+
+def _block_m(rows_m, head_dim):
+    """Rows of an M block: query rows x GQA group, as a power of two in 16..64. At head_dim 256
+    always 16 (several 16-row blocks beat one large one); at head_dim 512 one 64-row block for 33..64
+    rows (31B's 5 query rows, E4B's 9: 12-25% faster than three 16-row blocks reading the same K/V
+    from L2, ``draft_attention_gemma4_sweep_m_tiles_h100.json``), else 16 (two 16-row blocks still
+    stream at ~0.9 of copy)."""
+    if head_dim > _WIDE_HEAD_DIM:
+        return 64 if 32 < rows_m <= 64 else 16
+    return 16 if head_dim == _WIDE_HEAD_DIM else max(16, min(_next_pow2(rows_m), 64))
 
 
 def _smem_bytes(block_m, block_k, head_dim, num_stages, itemsize=2):

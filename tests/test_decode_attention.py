@@ -238,9 +238,12 @@ def test_gemma4_tiling_is_a_function_of_head_dim_and_window():
     queries see, not for the cache length."""
     from pallas_kernels.decode_tiling import tiling
 
+    for num_q, expected in ((1, (16, 32, 2, 4)), (5, (64, 16, 3, 8)), (9, (16, 32, 2, 4))):
+        full = tiling(1, num_q, 32, 4, 32768, 512)  # 31B full layers: 8, 40, 72 M rows
+        assert (full["block_m"], full["block_k"], full["num_stages"], full["num_warps"]) == expected
+    assert tiling(8, 9, 8, 2, 32768, 512)["block_m"] == 64  # E4B, 9 rows: 36 M rows in one block
+    assert tiling(8, 5, 8, 2, 32768, 512)["block_m"] == 16  # E4B, 5 rows: two 16-row blocks
     for num_q in (1, 5, 9):
-        full = tiling(1, num_q, 32, 4, 32768, 512)
-        assert (full["block_m"], full["block_k"], full["num_stages"], full["num_warps"]) == (16, 32, 2, 4)
         assert tiling(8, num_q, 32, 16, 32768, 256, window=1024)["block_m"] == 16
     assert tiling(1, 1, 32, 16, 131072, 256, window=1024) == tiling(1, 1, 32, 16, 4096, 256, window=1024)
     # E4B sliding layers at batch 1: 16 blocks of 32 rows in the window, one split each (64 without it)
@@ -258,6 +261,8 @@ GEMMA4_CASES = {
                                          same_kv=True), {}),
     "full_d512_gqa4_5rows_split": (dict(batch=3, num_q=5, num_q_heads=8, num_kv_heads=2, max_len=120, head_dim=512),
                                    dict(k_splits=3)),
+    "full_d512_gqa8_5rows_one_64_row_block_split": (  # 40 rows: one 64-row M block, block_k 16
+        dict(batch=3, num_q=5, num_q_heads=8, num_kv_heads=1, max_len=120, head_dim=512), dict(k_splits=2)),
     "sliding_d256_gqa2_9rows_window": (dict(batch=3, num_q=9, num_q_heads=4, num_kv_heads=2, max_len=150, head_dim=256),
                                        dict(window=40, scale=1.0)),
     "sliding_d256_gqa4_2rows_window_split": (dict(batch=2, num_q=2, num_q_heads=4, num_kv_heads=1, max_len=200,
@@ -274,8 +279,8 @@ def test_gemma4_shapes_match_reference(name):
     case = make_case(zlib.crc32(name.encode()) % 1000, dtype=jnp.float32, **case_kw)
     args = (case["q"], case["k"], case["v"], case["kv_lengths"])
     out = jax.jit(functools.partial(decode_attention_pallas, **call_kw))(*args, q_positions=case["q_positions"])
-    call_kw.pop("k_splits", None)
-    ref = decode_attention_reference(*args, q_positions=case["q_positions"], **call_kw)
+    rule = {name: call_kw[name] for name in ("window", "scale") if name in call_kw}  # the rest is tiling
+    ref = decode_attention_reference(*args, q_positions=case["q_positions"], **rule)
     assert np.isfinite(np.asarray(out)).all(), "NaN leaked into the kernel output"
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=2e-5, rtol=2e-5)
 

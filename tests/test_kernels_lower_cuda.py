@@ -30,6 +30,7 @@ _S = jax.ShapeDtypeStruct
         # Gemma 4: 16-row M blocks at head_dim 512 (block_k 32, 2 stages) and 256, window-sized splits
         (1, 9, 32, 4, 131072, 512, jnp.bfloat16, False, None),  # 31B full, 9 rows: 5 M blocks, 16 splits
         (8, 5, 8, 2, 32768, 512, jnp.bfloat16, False, None),  # E4B full, 5 rows: 2 M blocks
+        (8, 5, 32, 4, 32768, 512, jnp.bfloat16, False, None),  # 31B full, 5 rows: one 64-row M block
         (32, 9, 32, 16, 32768, 256, jnp.bfloat16, False, 1024),  # 31B sliding, one split per sequence
         (1, 3, 8, 2, 131072, 256, jnp.bfloat16, True, 512),  # E4B sliding, a tree, 16 window splits
     ],
