@@ -44,6 +44,18 @@ class KVCache:
         """Keep only the first ``lengths[b]`` rows of each sequence (never grows a sequence)."""
         return dataclasses.replace(self, lengths=jnp.minimum(self.lengths, lengths.astype(jnp.int32)))
 
+    def move_rows(self, base: jax.Array, rows: jax.Array) -> KVCache:
+        """Row ``base[b] + rows[b, j]`` of every layer moves to ``base[b] + j`` (``rows [batch, m]``,
+        read before anything is written): a verified tree's accepted path, stored in node order,
+        becomes a chain. Lengths are unchanged (the caller truncates)."""
+        source = (base[:, None] + rows).astype(jnp.int32)[:, None, :, None]  # [batch, 1, m, 1]
+
+        def move(buffer):
+            picked = jnp.take_along_axis(buffer, source, axis=2, mode="clip")  # [batch, kv_heads, m, head_dim]
+            return write_rows(buffer, picked, base)
+
+        return dataclasses.replace(self, k=tuple(map(move, self.k)), v=tuple(map(move, self.v)))
+
     def advance(self, num_rows) -> KVCache:
         """Count ``num_rows`` (scalar or ``[batch]``) more rows as valid."""
         return dataclasses.replace(self, lengths=self.lengths + jnp.asarray(num_rows, jnp.int32))

@@ -5,7 +5,9 @@ Token bookkeeping per sequence: ``history[b]`` holds the prompt and every emitte
 the target cache holds ``lengths[b]`` of them, and the one at index ``lengths[b]`` is the
 *root* (the last emitted token, the first row of the next verify). A round verifies
 ``[root, d_1..d_k]``, emits ``d_1..d_a`` and the correction/bonus token, and commits
-``root, d_1..d_a`` to the cache.
+``root, d_1..d_a`` to the cache. A tree round (``topk > 1``, ``jspec.tree``) verifies the root and
+the tree's nodes in one forward with tree attention, moves the accepted path's K/V rows into
+chain order behind the root, and goes on as a chain round would.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec import verify
+from jspec import tree_verify, verify
 from jspec.drafters.base import CommitContext, Drafter, PrefillContext, RoundContext
 from jspec.engine import cache_length, eos_tuple, is_eos, output_width, pad_prompts, prefill, validate_prompts
 from jspec.kv import KVCache
 from jspec.models import AnyModel as Model, forward
 from jspec.sampling import SamplingParams, probabilities, sample
+from jspec.tree import TreeShape, tree_shape
 
 
 @jax.tree_util.register_dataclass
@@ -91,31 +94,60 @@ def start(target, drafter: Drafter, tokens, prompt_lengths, key, *, params, eos_
 
 
 def speculative_round(
-    target: Model, drafter: Drafter, state: SpecState, *, num_draft_tokens, params, eos_ids, max_new_tokens, impl="auto"
+    target: Model, drafter: Drafter, state: SpecState, *, num_draft_tokens, params, eos_ids, max_new_tokens,
+    tree: TreeShape | None = None, impl="auto",
 ) -> SpecState:
-    """One round: propose k drafts, verify them in one target forward, accept, commit.
+    """One round: propose drafts (a chain of ``num_draft_tokens``, or a ``tree``), verify them in one
+    target forward, accept, commit.
 
     ``drafter`` must be bound to ``target`` (``drafter.bind(target)``, which
     ``speculative_generate`` does).
     """
-    k = num_draft_tokens
     key, draft_key, accept_key = jax.random.split(state.key, 3)
     base = state.target_kv.lengths
-    root = state.root
-    ctx = RoundContext(state.history, base, root, state.features, state.target_kv)
-    draft_tokens, draft_probs, draft_state = drafter.propose(
-        state.draft_state, ctx, num_draft_tokens=k, params=params, key=draft_key
-    )
-
-    verify_tokens = jnp.concatenate([root[:, None], draft_tokens], axis=1)  # [batch, k+1]
-    logits, features, target_kv = forward(target, verify_tokens, state.target_kv, capture=drafter.capture, impl=impl)
-    if params.greedy:
-        num_accepted, next_token = verify.greedy(logits, draft_tokens)
-    else:
-        num_accepted, next_token = verify.rejection_sample(
-            accept_key, probabilities(logits, params), draft_tokens, draft_probs
+    ctx = RoundContext(state.history, base, state.root, state.features, state.target_kv)
+    if tree is None:
+        draft_tokens, draft_probs, draft_state = drafter.propose(
+            state.draft_state, ctx, num_draft_tokens=num_draft_tokens, params=params, key=draft_key
         )
+        verify_tokens = jnp.concatenate([state.root[:, None], draft_tokens], axis=1)  # [batch, k+1]
+        logits, features, target_kv = forward(target, verify_tokens, state.target_kv, capture=drafter.capture,
+                                              impl=impl)
+        if params.greedy:
+            num_accepted, next_token = verify.greedy(logits, draft_tokens)
+        else:
+            num_accepted, next_token = verify.rejection_sample(
+                accept_key, probabilities(logits, params), draft_tokens, draft_probs
+            )
+        path = None
+    else:
+        draft_tree, draft_state = drafter.propose_tree(state.draft_state, ctx, shape=tree, params=params,
+                                                       key=draft_key)
+        logits, features, target_kv = forward(target, draft_tree.tokens, state.target_kv, capture=drafter.capture,
+                                              tree_mask=draft_tree.mask, impl=impl)
+        if params.greedy:
+            path, num_accepted, next_token = tree_verify.greedy(
+                logits, draft_tree.tokens, draft_tree.parents, depth=tree.depth)
+        else:
+            path, num_accepted, next_token = tree_verify.rejection_sample(
+                accept_key, probabilities(logits, params), draft_tree.tokens, draft_tree.parents, depth=tree.depth)
+        # The accepted path, stored in node order, becomes the chain a chain round would have left.
+        target_kv = target_kv.move_rows(base, path)
+        verify_tokens = jnp.take_along_axis(draft_tree.tokens, path, axis=1)  # [batch, depth+1]
+        features = tuple(jnp.take_along_axis(f, path[:, :, None], axis=1) for f in features)
+    return _accept(state, drafter, key, verify_tokens, num_accepted, next_token, features, target_kv, draft_state,
+                   path, eos_ids=eos_ids, max_new_tokens=max_new_tokens)
 
+
+def _accept(state, drafter, key, verify_tokens, num_accepted, next_token, features, target_kv, draft_state, path, *,
+            eos_ids, max_new_tokens) -> SpecState:
+    """Emit the accepted drafts and the next token, commit them to both caches: the part of a round
+    after verification. ``verify_tokens [batch, m+1]``: the root and the drafts along the verified
+    chain (a tree's path), ``features`` the target's captures of those rows, ``path [batch, m+1]``
+    the path's tree node ids (None for a chain)."""
+    k = verify_tokens.shape[1] - 1
+    base = state.target_kv.lengths
+    draft_tokens = verify_tokens[:, 1:]
     # Emit d_1..d_a then next_token, cut at the first EOS and at max_new_tokens.
     live = ~state.done
     emitted = jnp.concatenate([draft_tokens, next_token[:, None]], axis=1)  # [batch, k+1]
@@ -137,7 +169,7 @@ def speculative_round(
     committed = jnp.where(live, num_accepted + 1, 0)  # root + accepted drafts enter the cache
     target_kv = target_kv.truncate(base + committed)
     draft_state = drafter.commit(
-        draft_state, CommitContext(base, verify_tokens, num_accepted, next_token, features)
+        draft_state, CommitContext(base, verify_tokens, num_accepted, next_token, features, path)
     )
     num_generated = state.num_generated + num_emitted
     done = state.done | (live & (first_eos <= num_accepted)) | (num_generated >= max_new_tokens)
@@ -156,11 +188,11 @@ def speculative_round(
 
 
 @functools.partial(
-    jax.jit, static_argnames=("params", "eos_ids", "num_draft_tokens", "capacity", "max_len", "impl")
+    jax.jit, static_argnames=("params", "eos_ids", "num_draft_tokens", "capacity", "max_len", "tree", "impl")
 )
 def speculative_on_device(
     target, drafter, tokens, prompt_lengths, key, max_new_tokens, *,
-    params, eos_ids, num_draft_tokens, capacity, max_len, impl="auto",
+    params, eos_ids, num_draft_tokens, capacity, max_len, tree=None, impl="auto",
 ):
     """Prefill, then speculation rounds in a ``lax.while_loop`` until every sequence is done.
 
@@ -176,7 +208,7 @@ def speculative_on_device(
     def round_(s):
         return speculative_round(
             target, drafter, s, num_draft_tokens=num_draft_tokens, params=params,
-            eos_ids=eos_ids, max_new_tokens=max_new_tokens, impl=impl,
+            eos_ids=eos_ids, max_new_tokens=max_new_tokens, tree=tree, impl=impl,
         )
 
     state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), round_, state)
@@ -190,6 +222,8 @@ def speculative_generate(
     max_new_tokens: int,
     *,
     num_draft_tokens: int = 4,
+    topk: int = 1,
+    depth: int | None = None,
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
@@ -202,7 +236,10 @@ def speculative_generate(
     Greedy (``temperature=0``) output equals plain greedy decoding token for token; sampled
     output has exactly the target's distribution (temperature / top-k / top-p applied).
     ``drafter``: ``jspec.drafters.DraftModel(model)``, ``jspec.drafters.NGram(...)``, ...
-    ``num_draft_tokens`` (k) drafts are verified per round. Raises ``ValueError`` on bad input.
+    ``num_draft_tokens`` (k) drafts are verified per round: a chain of k with ``topk=1`` (the
+    default), else a tree (EAGLE-2: ``depth`` levels, the ``topk`` best children of the ``topk``
+    best nodes of each level, the k best nodes by cumulative draft log-probability kept; the
+    drafter must implement ``propose_tree``). Raises ``ValueError`` on bad input.
     """
     c = target.config
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -210,6 +247,9 @@ def speculative_generate(
         raise ValueError(f"num_draft_tokens must be an int >= 1, got {num_draft_tokens!r}")
     if not isinstance(drafter, Drafter):
         raise ValueError(f"drafter must implement jspec.drafters.Drafter, got {type(drafter).__name__}")
+    tree = tree_shape(topk, depth, num_draft_tokens)
+    if tree is not None and not hasattr(drafter, "propose_tree"):
+        raise ValueError(f"topk={topk}: {type(drafter).__name__} drafts chains only (topk=1)")
     drafter.check_compatible(target)
     drafter = drafter.bind(target)
     prompts = validate_prompts(prompts, c.vocab_size, max_new_tokens, c.max_position_embeddings)
@@ -227,13 +267,15 @@ def speculative_generate(
         stats = dict(rounds=empty, drafted=empty, accepted=empty, mean_acceptance_length=empty.astype(float))
         return SpecResult([[] for _ in prompts], stats)
     tokens, lengths = pad_prompts(prompts)
-    room = int(lengths.max()) + output_width(max_new_tokens) + num_draft_tokens + 1
+    # Rows written past the committed ones in a round: the verify's, and a tree drafter's fed rows.
+    written = num_draft_tokens if tree is None else max(num_draft_tokens, tree.fed_rows)
+    room = int(lengths.max()) + output_width(max_new_tokens) + written + 1
     capacity = cache_length(tokens.shape[1], room)
     key = jax.random.key(0) if key is None else key
     history, num_generated, rounds, accepted = speculative_on_device(
         target, drafter, jnp.asarray(tokens), jnp.asarray(lengths), key, jnp.int32(max_new_tokens),
         params=params, eos_ids=eos_ids, num_draft_tokens=num_draft_tokens, capacity=capacity, max_len=capacity,
-        impl=impl,
+        tree=tree, impl=impl,
     )
     history, num_generated = np.asarray(history), np.asarray(num_generated)
     rounds, accepted = np.asarray(rounds), np.asarray(accepted)

@@ -215,3 +215,52 @@ def test_the_seed_step_runs_inside_the_one_draft_scan(prefilled):
 
 def _primitives_of(eqn) -> set[str]:
     return {eqn.primitive.name}.union(*(_primitives(sub) for sub in _sub_jaxprs(eqn.params)))
+
+
+# --- trees (topk > 1) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed, batch, overrides, centroids, tree", [
+    (20, 2, dict(), None, dict(topk=2, depth=3, num_draft_tokens=5)),  # KV-shared target, tied head
+    (21, 3, dict(num_kv_shared_layers=0, attention_k_eq_v=False, num_global_kv_heads=2, vocab_size=96,
+                 vocab_size_per_layer_input=96), (8, 2), dict(topk=3, depth=2, num_draft_tokens=6)),
+])
+def test_greedy_tree_speculative_equals_greedy(seed, batch, overrides, centroids, tree):
+    target = tiny_gemma4(seed, **overrides)
+    prompts = [list(p) for p in np.random.default_rng(seed).integers(0, target.config.vocab_size, (batch, 9))]
+    prompts[0] = prompts[0][:4]  # ragged
+    result = jspec.speculative_generate(target, _drafter(target, seed + 50, centroids=centroids), prompts, 14,
+                                        **tree)
+    assert result.tokens == jspec.generate(target, prompts, 14)
+
+
+def test_tree_branches_read_the_target_cache_and_nothing_past_its_lengths(prefilled):
+    """The branches of a tree see the committed rows only (NaN past them changes nothing) and the
+    target cache is bit-identical afterwards."""
+    target, state = prefilled
+    drafter = _drafter(target, 7).bind(target)
+    kv = state.target_kv
+    before = jax.tree.map(np.array, kv)
+    shape = jspec.tree.TreeShape(topk=2, depth=3, num_nodes=6)
+
+    def propose_tree(kv):
+        ctx = RoundContext(state.history, kv.lengths, state.root, state.features, kv)
+        tree, _ = drafter.propose_tree((), ctx, shape=shape, params=SamplingParams(), key=jax.random.key(0))
+        return tree
+
+    tree = jax.jit(propose_tree)(kv)
+    assert jax.tree.all(jax.tree.map(np.array_equal, jax.tree.map(np.array, kv), before))
+    past = jnp.arange(kv.max_len)[None, None, :, None] >= kv.lengths[:, None, None, None]
+    poisoned = jax.tree.map(lambda buf: jnp.where(past, jnp.nan, buf), (kv.k, kv.v))
+    poisoned_tree = jax.jit(propose_tree)(type(kv)(*poisoned, kv.lengths))
+    assert jax.tree.all(jax.tree.map(np.array_equal, poisoned_tree, tree))
+
+
+@pytest.mark.parametrize("centroids", [None, (4, 2)])
+def test_sampled_tree_speculative_has_the_target_distribution(small_vocab, centroids):
+    target, logits = small_vocab
+    result = jspec.speculative_generate(target, _drafter(target, 12, centroids=centroids), [PROMPT] * NUM_SAMPLES, 3,
+                                        num_draft_tokens=4, topk=2, depth=2, temperature=1.0, key=jax.random.key(5))
+    assert result.stats["accepted"].sum() > 0
+    index = (np.array(result.tokens) * VOCAB ** np.arange(2, -1, -1)).sum(axis=1)
+    assert_matches_distribution(index, _exact_joint(logits, SamplingParams(temperature=1.0)))

@@ -61,3 +61,19 @@ def test_truncated_cache_continues_like_a_fresh_prefill():
     full, _, _ = forward(model, tokens, model.init_cache(1, 16))
     np.testing.assert_allclose(np.asarray(continued), np.asarray(full[:, 7:]), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(kv.lengths, [12])
+
+
+def test_move_rows_turns_an_accepted_tree_path_into_a_chain():
+    """Rows base + path[j] land at base + j in every layer (K and V); rows before base and the
+    other sequences' rows are untouched; lengths are kept."""
+    kv = KVCache.zeros(2, 2, 1, 12, 3, jnp.float32)
+    rows = jnp.arange(12, dtype=jnp.float32)[None, None, :, None]
+    marked = jnp.broadcast_to(rows + 100 * jnp.arange(2)[:, None, None, None], (2, 1, 12, 3))
+    kv = KVCache(k=(marked, marked + 1000), v=(marked + 2000, marked + 3000), lengths=jnp.array([9, 7]))
+    base, path = jnp.array([2, 4]), jnp.array([[0, 2, 5], [0, 1, 3]])
+    moved = kv.move_rows(base, path)
+    assert np.array_equal(np.asarray(moved.lengths), [9, 7])
+    expected = {0: [0, 1, 2, 4, 7, 5, 6, 7, 8, 9, 10, 11], 1: [0, 1, 2, 3, 4, 5, 7, 7, 8, 9, 10, 11]}
+    for layer_before, layer_after in zip(kv.k + kv.v, moved.k + moved.v):
+        for b in (0, 1):
+            np.testing.assert_array_equal(layer_after[b, 0, :, 0], layer_before[b, 0, expected[b], 0])

@@ -7,8 +7,10 @@ and ``bind`` once on the host, then runs ``prefill`` and, per round, ``propose``
 ``commit`` inside one jitted program.
 
 Cache discipline: a drafter with its own KV cache shortens it only through ``KVCache.truncate``
-and does so in ``commit`` (the one place where rejected drafts are rolled back), never in
-``propose``. Drafters with weights load through a classmethod ``load(path, *, dtype=None, ...)``
+(after a tree round also ``KVCache.move_rows``) and does so in ``commit`` (the one place where rejected drafts are rolled back), never in
+``propose``. Drafters that draft trees (``topk > 1``) also implement ``propose_tree(dstate, ctx, *, shape,
+params, key) -> (jspec.tree.DraftTree, dstate)``; their ``commit`` then gets the accepted path.
+Drafters with weights load through a classmethod ``load(path, *, dtype=None, ...)``
 returning the drafter (``DraftModel.load``, ``Eagle3.load``, ``MTP.load``).
 """
 
@@ -58,6 +60,9 @@ class CommitContext:
     num_accepted: jax.Array  # [batch] in 0..k
     next_token: jax.Array  # [batch] correction / bonus token (the new root)
     features: tuple[jax.Array, ...]  # the ``capture`` of the verify rows, [batch, k+1, hidden] each
+    # A tree round: the tree node ids of root, d_1..d_k (the accepted path, then zeros), [batch, k+1];
+    # verify_tokens and features are then already taken along it. None after a chain round.
+    path: jax.Array | None = None
 
 
 @runtime_checkable

@@ -20,6 +20,7 @@ from jspec.kv import KVCache
 from jspec.models import AnyModel, forward
 from jspec.models.base import NO_CAPTURE, Capture
 from jspec.sampling import SamplingParams, probabilities, sample
+from jspec.tree import TreeShape, expand
 
 
 @jax.tree_util.register_dataclass
@@ -82,6 +83,53 @@ class DraftModel:
         all_logits = jnp.concatenate([logits[:, None], fed_logits.transpose(1, 0, 2)], axis=1)
         return draft_tokens, probabilities(all_logits, params), kv
 
-    def commit(self, kv: KVCache, ctx: CommitContext) -> KVCache:
+    def propose_tree(self, kv: KVCache, ctx: RoundContext, *, shape: TreeShape, params: SamplingParams, key):
+        """A draft tree (``jspec.tree.expand``) and the state ``commit`` needs to keep its accepted path.
+
+        The nodes fed to the draft (the frontier of each level, ``topk`` per level) sit after the
+        root at ``lengths + 1 + fed_row``. Each level runs the draft on all of the fed rows so far
+        with tree attention (the ancestor mask among them): one fixed shape for every level, the
+        earlier rows recomputed identically, no attention kernel beyond the tree mask.
+        """
+        del params, key  # tree drafts are the deterministic top-k children, whatever the sampling
+        last_committed = jnp.take_along_axis(ctx.history, (ctx.lengths - 1)[:, None], axis=1)
+        seed = jnp.concatenate([last_committed, ctx.root[:, None]], axis=1)  # [batch, 2] at lengths-1, lengths
+        logits, _, kv = forward(self.model, seed, kv, logits_rows=jnp.ones_like(seed[:, :1]), impl=self.impl)
+        batch, num_fed, topk = seed.shape[0], shape.fed_rows, shape.topk
+        after_root = kv.lengths  # lengths + 1
+
+        def step(carry, tokens, parent_slot, level):
+            kv, fed_tokens, fed_mask = carry
+            rows = (level - 1) * topk + jnp.arange(topk, dtype=jnp.int32)  # this level's fed rows
+            parent_rows = jnp.maximum(level - 2, 0) * topk + parent_slot  # [batch, topk]
+            ancestors = jnp.take_along_axis(fed_mask, parent_rows[:, :, None], axis=1) & (level > 1)
+            own = jax.nn.one_hot(rows, num_fed, dtype=bool)[None]  # [1, topk, fed]
+            fed_mask = jax.lax.dynamic_update_slice_in_dim(fed_mask, ancestors | own, rows[0], axis=1)
+            fed_tokens = jax.lax.dynamic_update_slice_in_dim(fed_tokens, tokens, rows[0], axis=1)
+            # Rows not fed yet see only themselves: their outputs are never read.
+            level_logits, _, kv = forward(self.model, fed_tokens, kv.truncate(after_root), tree_mask=fed_mask,
+                                          logits_rows=jnp.broadcast_to(rows, (batch, topk)), impl=self.impl)
+            return jax.nn.log_softmax(level_logits, axis=-1), (kv, fed_tokens, fed_mask)
+
+        carry = (kv, jnp.zeros((batch, num_fed), jnp.int32), jnp.broadcast_to(jnp.eye(num_fed, dtype=bool),
+                                                                              (batch, num_fed, num_fed)))
+        tree, (kv, _, _), fed_row = expand(jax.nn.log_softmax(logits[:, 0], axis=-1), ctx.root, step, carry,
+                                           topk=topk, depth=shape.depth, num_nodes=shape.num_nodes)
+        return tree, TreeDraftState(kv, fed_row)
+
+    def commit(self, kv, ctx: CommitContext) -> KVCache:
+        if ctx.path is not None:  # a tree round: the accepted nodes' rows move behind the root, in path order
+            kv, fed_row = kv.kv, kv.fed_row
+            path_rows = 1 + jnp.take_along_axis(fed_row, ctx.path, axis=1)  # [batch, depth+1], from the root
+            kv = kv.move_rows(ctx.base_lengths, path_rows.at[:, 0].set(0))
         # The new target length is base + num_accepted + 1; keep one row fewer (the invariant).
         return kv.truncate(ctx.base_lengths + ctx.num_accepted)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TreeDraftState:
+    """The draft cache after tree drafting and, per tree node, its fed row (``-1``: never fed)."""
+
+    kv: KVCache
+    fed_row: jax.Array  # [batch, n+1] int32

@@ -2,13 +2,16 @@
 random initialisation used by tests and benchmarks.
 
 Every family's ``forward(model, tokens [batch, T], kv, *, capture, logits_rows, compute_logits,
-impl) -> (logits, features, kv)`` runs ``tokens`` at positions ``kv.lengths[b] + 0..T-1``, writes
-their K/V and advances ``kv.lengths`` by ``T``:
+impl, tree_mask) -> (logits, features, kv)`` runs ``tokens`` at positions ``kv.lengths[b] + 0..T-1``,
+writes their K/V and advances ``kv.lengths`` by ``T``:
 
 * ``logits``: fp32, ``[batch, T, vocab]`` when ``logits_rows`` is None, ``[batch, n, vocab]`` for
   ``logits_rows [batch, n]`` (indices into T: only those rows get the final norm and LM head), or
   None with ``compute_logits=False`` (a prefill that only fills the cache).
 * ``features``: the hidden states ``capture`` names, ``[batch, T, hidden]`` each, in its order.
+* ``tree_mask [batch, T, T]`` bool (a draft tree, ``jspec.tree``): row ``i`` sees the cached rows
+  and the rows ``j`` with ``tree_mask[b, i, j]`` (itself and its ancestors) instead of rows ``0..i``,
+  at position ``kv.lengths[b] + depth_i`` with ``depth_i = sum_j tree_mask[b, i, j] - 1``.
 """
 
 from __future__ import annotations
@@ -49,15 +52,21 @@ class Capture:
 NO_CAPTURE = Capture()
 
 
-def token_positions(tokens: jax.Array, kv, capture: Capture, logits_rows: jax.Array | None, num_layers: int):
-    """Positions ``[batch, T]`` of ``tokens [batch, T]`` after the cached rows, once the
-    arguments of a forward are checked (statically: ``capture`` against the depth,
-    ``logits_rows`` None or ``[batch, n]``)."""
+def token_positions(
+    tokens: jax.Array, kv, capture: Capture, logits_rows: jax.Array | None, num_layers: int, tree_mask=None
+):
+    """Positions ``[batch, T]`` of ``tokens [batch, T]`` after the cached rows (a tree's rows at
+    their depths), once the arguments of a forward are checked (statically: ``capture`` against
+    the depth, ``logits_rows`` None or ``[batch, n]``, ``tree_mask`` None or ``[batch, T, T]``)."""
     batch, num_rows = tokens.shape
     capture.check(num_layers)
     if logits_rows is not None and (logits_rows.ndim != 2 or logits_rows.shape[0] != batch):
         raise ValueError(f"logits_rows must be [batch={batch}, n] row indices, got shape {logits_rows.shape}")
-    return kv.lengths[:, None] + jnp.arange(num_rows, dtype=jnp.int32)[None, :]
+    if tree_mask is None:
+        return kv.lengths[:, None] + jnp.arange(num_rows, dtype=jnp.int32)[None, :]
+    if tree_mask.shape != (batch, num_rows, num_rows):
+        raise ValueError(f"tree_mask must be [batch={batch}, T={num_rows}, T={num_rows}], got shape {tree_mask.shape}")
+    return kv.lengths[:, None] + jnp.sum(tree_mask, axis=-1, dtype=jnp.int32) - 1
 
 
 def lm_head(embed: jax.Array, head: jax.Array | None, h: jax.Array, *, impl: str = "auto") -> jax.Array:

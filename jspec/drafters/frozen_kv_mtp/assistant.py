@@ -127,19 +127,26 @@ def frozen_kv(config: AssistantConfig, k_bufs, v_bufs, lengths, rope_positions, 
 def assistant_step(assistant: Assistant, target_embed, tokens, hidden, kv: FrozenKV, *, impl: str = "auto"):
     """One assistant forward: ``tokens [batch]``, ``hidden [batch, H_b]`` (the target's final-normed
     hidden for the seed, the previous step's output after) -> ``(y [batch, H_a]`` final-normed,
-    ``next hidden [batch, H_b])``. ``target_embed [V, H_b]``: the target's input embedding table."""
+    ``next hidden [batch, H_b])``. ``target_embed [V, H_b]``: the target's input embedding table.
+
+    Branches of a draft tree: ``tokens [batch, r]`` and ``hidden [batch, r, H_b]`` run ``r``
+    independent rows per sequence (outputs ``[batch, r, ...]``). They share the one frozen view
+    of the target's cache as query rows of one attention call: nothing is replicated."""
     a, dtype = assistant, assistant.dtype
+    branched = tokens.ndim == 2
+    tokens, hidden = (tokens, hidden) if branched else (tokens[:, None], hidden[:, None])
     e = embed_tokens(target_embed, tokens).astype(dtype)
-    x = linear(jnp.concatenate([e, hidden.astype(dtype)], axis=-1)[:, None], a.pre_projection, impl=impl)
+    x = linear(jnp.concatenate([e, hidden.astype(dtype)], axis=-1), a.pre_projection, impl=impl)  # [batch, r, H_a]
     c = dataclasses.replace(a.model.config, sliding_window=kv.sliding_rows)
     # The mask is anchored at the last committed row, whatever the RoPE position.
-    anchor = (kv.lengths - 1)[:, None]
+    anchor = jnp.broadcast_to((kv.lengths - 1)[:, None], tokens.shape)
     for i, layer in enumerate(a.model.layers):
         kind = c.layer_types[i]
         x, _, _ = decoder_layer(
             layer, c, i, x, kv.k[kind], kv.v[kind], kv.lengths, anchor, *kv.rope[kind], None, impl=impl
         )
-    y = rms_norm(x[:, 0], a.model.final_norm, c.rms_norm_eps)
+    y = rms_norm(x, a.model.final_norm, c.rms_norm_eps)
+    y = y if branched else y[:, 0]
     return y, linear(y, a.post_projection, impl=impl)
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 
 from jspec.drafters.base import CommitContext, PrefillContext, RoundContext
 from jspec.drafters.frozen_kv_mtp.assistant import (
@@ -51,6 +52,7 @@ from jspec.kv import KVCache
 from jspec.models import gemma4
 from jspec.models.base import Capture
 from jspec.sampling import SamplingParams, probabilities, sample
+from jspec.tree import TreeShape, expand
 
 ROPE_POSITIONS = ("bonus", "last_committed")
 SLIDING_ROWS = ("window+1", "window")
@@ -138,6 +140,26 @@ class FrozenKVMTP:
         tokens, probs = self.draft_scan(kv, ctx.root, ctx.features[0], keys, params)
         return tokens, probs, dstate
 
+    def propose_tree(self, dstate, ctx: RoundContext, *, shape: TreeShape, params: SamplingParams, key):
+        """A draft tree (``jspec.tree.expand``): the seed step on the bonus token gives the root's
+        children; each level runs the ``topk`` frontier nodes as branches, each continuing from its
+        parent's recurrent hidden (its ancestry lives in that state, as in SGLang). Every branch reads
+        the same committed target rows; the target cache is never written."""
+        del params, key  # tree drafts are the deterministic top-k children, whatever the sampling
+        kv = self.frozen_kv(ctx.target_kv, ctx.lengths)
+        y, hidden = self.step(kv, ctx.root, ctx.features[0].astype(self.assistant.dtype))
+
+        def step(hiddens, tokens, parent_slot, level):
+            del level  # every step of a round uses one RoPE position
+            parent_hidden = jnp.take_along_axis(hiddens, parent_slot[:, :, None], axis=1)
+            y, hiddens = self.step(kv, tokens, parent_hidden)
+            return self.log_probs(y), hiddens
+
+        branches = jnp.repeat(hidden[:, None], shape.topk, axis=1)  # [batch, topk, H_b]
+        tree, _, _ = expand(self.log_probs(y), ctx.root, step, branches, topk=shape.topk, depth=shape.depth,
+                            num_nodes=shape.num_nodes)
+        return tree, dstate
+
     def commit(self, dstate, ctx: CommitContext) -> tuple:
         return dstate  # nothing to roll back or catch up
 
@@ -168,6 +190,13 @@ class FrozenKVMTP:
         """fp32 draft logits ``[batch, V]`` as transformers computes them (centroid head: ``min - 1``
         off the candidates)."""
         return assistant_logits(self.assistant, y)
+
+    def log_probs(self, y):
+        """fp32 log-probabilities ``[..., V]`` of final-normed ``y [..., H_a]``; zero probability off
+        the centroid head's candidates."""
+        rows = y.reshape(-1, y.shape[-1])
+        logits = assistant_logits(self.assistant, rows, masked="-inf")
+        return jax.nn.log_softmax(logits, axis=-1).reshape(*y.shape[:-1], -1)
 
     def draw(self, key, y, params: SamplingParams):
         """The draft token ``[batch]`` of final-normed ``y`` and, when sampling, the exact

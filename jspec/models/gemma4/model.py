@@ -120,7 +120,10 @@ def per_layer_inputs(model: Model, tokens: jax.Array, x: jax.Array, *, impl: str
     return (from_context + from_token) * 2.0**-0.5
 
 
-def attention(layer: Layer, c: Gemma4Config, index: int, h, positions, cos, sin, k_buf, v_buf, kv_lengths, *, impl="auto"):
+def attention(
+    layer: Layer, c: Gemma4Config, index: int, h, positions, cos, sin, k_buf, v_buf, kv_lengths, *, tree_mask=None,
+    impl="auto",
+):
     """Self-attention of layer ``index`` over normed rows ``h [batch, T, hidden]`` at ``positions``.
 
     ``kv_lengths [batch]``: valid cache rows once this step's rows are in. A layer that owns
@@ -142,20 +145,23 @@ def attention(layer: Layer, c: Gemma4Config, index: int, h, positions, cos, sin,
         k_buf = write_rows(k_buf, k.transpose(0, 2, 1, 3), kv_lengths - num_rows)
         v_buf = write_rows(v_buf, v.transpose(0, 2, 1, 3), kv_lengths - num_rows)
     attn = decode_attention(
-        q, k_buf, v_buf, kv_lengths, q_positions=positions, window=c.window(index), scale=1.0, impl=impl
+        q, k_buf, v_buf, kv_lengths, q_positions=positions, tail_mask=tree_mask, window=c.window(index), scale=1.0,
+        impl=impl,
     )
     return linear(attn.reshape(batch, num_rows, q_size), layer.o, impl=impl), k_buf, v_buf
 
 
 def decoder_layer(
     layer: Layer, c: Gemma4Config, index: int, x, k_buf, v_buf, kv_lengths, positions, cos, sin, per_layer_input,
-    *, impl="auto",
+    *, tree_mask=None, impl="auto",
 ):
     """Layer ``index`` on the residual stream ``x [batch, T, hidden]``; ``per_layer_input
-    [batch, T, P]`` or None without PLE; ``kv_lengths`` as for ``attention``. Returns ``(x, k_buf, v_buf)``."""
+    [batch, T, P]`` or None without PLE; ``kv_lengths`` and ``tree_mask`` as for ``attention``.
+    Returns ``(x, k_buf, v_buf)``."""
     eps = c.rms_norm_eps
     attn_out, k_buf, v_buf = attention(
-        layer, c, index, rms_norm(x, layer.attn_norm, eps), positions, cos, sin, k_buf, v_buf, kv_lengths, impl=impl
+        layer, c, index, rms_norm(x, layer.attn_norm, eps), positions, cos, sin, k_buf, v_buf, kv_lengths,
+        tree_mask=tree_mask, impl=impl,
     )
     x = x + rms_norm(attn_out, layer.post_attn_norm, eps)
     mlp_out = gated_mlp(rms_norm(x, layer.mlp_norm, eps), layer.gate_up, layer.down, gelu_tanh, impl=impl)
@@ -175,8 +181,10 @@ def forward(
     logits_rows: jax.Array | None = None,
     compute_logits: bool = True,
     impl: str = "auto",
+    tree_mask: jax.Array | None = None,
 ) -> tuple[jax.Array | None, tuple[jax.Array, ...], KVCache]:
-    """Run ``tokens [batch, T]`` at positions ``kv.lengths[b] + 0..T-1``, writing their K/V.
+    """Run ``tokens [batch, T]`` at positions ``kv.lengths[b] + 0..T-1`` (a tree's rows at their
+    depths, with ``tree_mask``), writing their K/V.
 
     The contract of every family (``jspec.models.base``); logits are soft-capped here.
 
@@ -190,7 +198,7 @@ def forward(
             "every layer of this Gemma 4 model is KV-shared (a Gemma 4 assistant): it has no K/V of its own"
         )
     batch, num_rows = tokens.shape
-    positions = token_positions(tokens, kv, capture, logits_rows, c.num_layers)  # [batch, T]
+    positions = token_positions(tokens, kv, capture, logits_rows, c.num_layers, tree_mask)  # [batch, T]
     rope = {}  # layer type -> (cos, sin) [batch, T, its head_dim]
     for kind in dict.fromkeys(c.layer_types):
         head_dim = c.head_dim if kind == SLIDING else c.global_head_dim
@@ -203,7 +211,9 @@ def forward(
         head_rows = logits_rows.astype(jnp.int32)
         head_rows = jnp.clip(jnp.where(head_rows < 0, head_rows + num_rows, head_rows), 0, num_rows - 1)
     late_capture = capture.final_normed or any(i > c.first_kv_shared_layer for i in capture.residuals)
-    keep_head_rows_at = c.first_kv_shared_layer if head_rows is not None and not late_capture else None
+    # A tree's rows attend to each other through the mask: all of them stay to the end.
+    slice_rows = head_rows is not None and not late_capture and tree_mask is None
+    keep_head_rows_at = c.first_kv_shared_layer if slice_rows else None
 
     residuals = {}
     kv_lengths = kv.lengths + num_rows
@@ -216,7 +226,7 @@ def forward(
         src = c.kv_source(i)
         x, k_bufs[src], v_bufs[src] = decoder_layer(
             layer, c, i, x, k_bufs[src], v_bufs[src], kv_lengths, positions, *rope[c.layer_types[i]],
-            None if ple is None else ple[:, :, i], impl=impl,
+            None if ple is None else ple[:, :, i], tree_mask=tree_mask, impl=impl,
         )
     residuals[c.num_layers] = x
     features = tuple(residuals[i] for i in capture.residuals)

@@ -58,7 +58,8 @@ class Model:
 
 
 def attention(
-    layer, c: LlamaConfig, h, positions, cos, sin, k_buf, v_buf, lengths, *, keep_rows=None, impl="auto"
+    layer, c: LlamaConfig, h, positions, cos, sin, k_buf, v_buf, lengths, *, keep_rows=None, tree_mask=None,
+    impl="auto",
 ):
     """Self-attention of one layer over the normed rows ``h [batch, T, in]`` (``in`` is usually
     ``hidden``; EAGLE-3's midlayer reads ``2 * hidden``).
@@ -68,6 +69,8 @@ def attention(
     caller needs) and the output is ``[batch, 1, hidden]``; otherwise ``[batch, T, hidden]``.
     """
     batch, num_rows, _ = h.shape
+    if keep_rows is not None and tree_mask is not None:
+        raise ValueError("keep_rows and tree_mask together are not supported")
     qkv = linear(h, layer.qkv, layer.qkv_bias, impl=impl)
     q, k, v = jnp.split(qkv, [c.q_size, c.q_size + c.kv_size], axis=-1)
     q = q.reshape(batch, num_rows, c.num_heads, c.head_dim)
@@ -86,7 +89,7 @@ def attention(
         num_q = 1
     else:
         num_q = num_rows
-    attn = decode_attention(q, k_buf, v_buf, lengths + num_rows, q_positions=positions, impl=impl)
+    attn = decode_attention(q, k_buf, v_buf, lengths + num_rows, q_positions=positions, tail_mask=tree_mask, impl=impl)
     out = linear(attn.reshape(batch, num_q, c.q_size), layer.o, impl=impl)
     return out, k_buf, v_buf
 
@@ -104,6 +107,7 @@ def decoder_layer(
     *,
     attn_input: jax.Array | None = None,
     keep_rows: jax.Array | None = None,
+    tree_mask: jax.Array | None = None,
     impl: str = "auto",
 ):
     """One pre-norm decoder layer on the residual stream ``x [batch, T, hidden]``.
@@ -111,12 +115,13 @@ def decoder_layer(
     ``attn_input``: the attention's input rows instead of ``rms_norm(x, layer.attn_norm)``
     (EAGLE-3 feeds ``cat(norm(embedding), norm(hidden))``). ``keep_rows [batch]``: after the
     K/V write keep only that row of each sequence (attention query, residual, MLP), returning
-    ``[batch, 1, hidden]`` -- dead rows never reach the rest of the layer.
+    ``[batch, 1, hidden]`` -- dead rows never reach the rest of the layer. ``tree_mask [batch, T, T]``:
+    tree attention among the ``T`` rows (``jspec.models.base``); not with ``keep_rows``.
     Returns ``(x, k_buf, v_buf)``.
     """
     h = rms_norm(x, layer.attn_norm, c.rms_norm_eps) if attn_input is None else attn_input
     attn_out, k_buf, v_buf = attention(
-        layer, c, h, positions, cos, sin, k_buf, v_buf, lengths, keep_rows=keep_rows, impl=impl
+        layer, c, h, positions, cos, sin, k_buf, v_buf, lengths, keep_rows=keep_rows, tree_mask=tree_mask, impl=impl
     )
     if keep_rows is not None:
         x = gather_rows(x, keep_rows, impl=impl)[:, None]
@@ -134,8 +139,10 @@ def forward(
     logits_rows: jax.Array | None = None,
     compute_logits: bool = True,
     impl: str = "auto",
+    tree_mask: jax.Array | None = None,
 ) -> tuple[jax.Array | None, tuple[jax.Array, ...], KVCache]:
-    """Run ``tokens [batch, T]`` at positions ``kv.lengths[b] + 0..T-1``, writing their K/V.
+    """Run ``tokens [batch, T]`` at positions ``kv.lengths[b] + 0..T-1`` (a tree's rows at their
+    depths, with ``tree_mask``), writing their K/V.
 
     The contract of every family (``jspec.models.base``): returns ``(logits, features, kv)``
     with fp32 logits for every row or for ``logits_rows [batch, n]`` (None with
@@ -145,7 +152,7 @@ def forward(
     """
     c = model.config
     batch, num_rows = tokens.shape
-    positions = token_positions(tokens, kv, capture, logits_rows, c.num_layers)  # [batch, T]
+    positions = token_positions(tokens, kv, capture, logits_rows, c.num_layers, tree_mask)  # [batch, T]
     cos, sin = rope_cos_sin(positions, jnp.asarray(c.rope_inv_freq()), model.dtype)
     x = model.embed[tokens]  # [batch, T, hidden]
 
@@ -155,7 +162,7 @@ def forward(
         if i in capture.residuals:
             residuals[i] = x
         x, k_buf, v_buf = decoder_layer(
-            layer, c, x, kv.k[i], kv.v[i], kv.lengths, positions, cos, sin, impl=impl
+            layer, c, x, kv.k[i], kv.v[i], kv.lengths, positions, cos, sin, tree_mask=tree_mask, impl=impl
         )
         new_k.append(k_buf)
         new_v.append(v_buf)
