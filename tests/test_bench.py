@@ -62,11 +62,14 @@ def _result(path) -> dict:
 
 def test_decode_tiny(tmp_path):
     out = tmp_path / "decode.json"
-    _bench("decode", "--tiny", "--out", out, "--targets", "tiny", "tiny-gemma4", "llama-3.1-8b")
+    _bench("decode", "--tiny", "--out", out, "--targets", "tiny", "tiny-gemma4", "llama-3.1-8b",
+           "--verify-trees", "2:2:3")
     result = _result(out)
     rows = report.rows(result, "decode")
     assert result["command"] == "decode" and [r["target"] for r in rows] == ["tiny", "tiny-gemma4"]
     assert all(r["roofline_fraction"] > 0 and r["weight_bytes"] > 0 for r in rows)
+    (tree,) = rows[0]["verify_trees"]  # a tree verify of 3 nodes beside a chain of depth 2
+    assert (tree["nodes"], tree["depth"]) == (3, 2) and tree["tree_verify_ms"] > 0 and tree["chain_verify_ms"] > 0
     assert {"1_token", "64_tokens"} <= set(rows[0]["timings"]) and result["copy_bandwidth"]["bytes_per_s"] > 0
     assert out.with_suffix(".png").exists()
 
@@ -105,13 +108,15 @@ def test_catch_up_tiny(tmp_path):
 
 
 def test_frozen_kv_tiny(tmp_path):
-    """The Gemma 4 assistant: a round vs a decode step, the seed folded vs separate (same drafts,
-    checked by the command), end to end with the oracle set to a target acceptance length."""
+    """The Gemma 4 assistant: a round vs a decode step (a chain and a tree), the seed folded vs
+    separate (same drafts, checked by the command), end to end with the oracle set to a target
+    acceptance length."""
     out = tmp_path / "frozen_kv.json"
     _bench("frozen-kv", "--tiny", "--out", out)
     result = _result(out)
-    (round_,) = report.rows(result, "round")
+    round_, tree_round = report.rows(result, "round")
     assert round_["k"] == 2 and round_["drafter"] == "frozen_kv_mtp" and {"propose", "verify"} <= set(round_["timings"])
+    assert (tree_round["topk"], tree_round["depth"], tree_round["k"]) == (2, 2, 3) and tree_round["round_ms"] > 0
     (propose,) = report.rows(result, "propose")
     assert set(propose["timings"]) == {"folded", "separate", "separate_synced"} and propose["folded_ms"] > 0
     (e2e,) = report.rows(result, "end_to_end")

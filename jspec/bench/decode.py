@@ -20,12 +20,13 @@ from tqdm.auto import tqdm
 
 from jspec import engine
 from jspec.bench import plots, report
-from jspec.bench.flags import common, subcommand
+from jspec.bench.flags import common, subcommand, tree_arg
 from jspec.bench.presets import GREEDY, is_tiny, load_target, preset_names, random_prompts, weights_note
 from jspec.bench.roofline import copy_bandwidth, kv_bytes_per_step, weight_bytes_per_step
 from jspec.bench.timing import Timing, gpu_kernel_times, time_fn
 from jspec.models import forward
 from jspec.models.base import NO_CAPTURE
+from jspec.tree import DraftTree
 
 NOTES = ("ms_per_token: generate's on-device while loop, (T(n) - T(1)) / (n - 1) of medians; gpu_busy_ms_per_token: "
          "the same difference over the kernels' GPU time (profiler, one call each); verify: one jitted forward of "
@@ -45,16 +46,24 @@ def decode_state(model, batch, context, max_len, impl, seed=0):
 
 
 def verify_pass(capture, impl):
-    """The target's verify forward: ``k + 1`` rows against the cache (read-only), all logits."""
-    return jax.jit(lambda t, tokens, kv: forward(t, tokens, kv, capture=capture, impl=impl)[0])
+    """The target's verify forward: ``k + 1`` rows against the cache (read-only), all logits; a
+    tree's with its ``tree_mask``."""
+    return jax.jit(lambda t, tokens, kv, tree_mask=None: forward(t, tokens, kv, capture=capture, impl=impl,
+                                                                  tree_mask=tree_mask)[0])
 
 
-def measure_verify(model, batch, context, *, rows, impl, repeats) -> Timing:
-    """One verify forward of ``rows`` rows per sequence after ``context`` cached rows."""
+def measure_verify(model, batch, context, *, rows, impl, repeats, topk=None) -> Timing:
+    """One verify forward of ``rows`` rows per sequence after ``context`` cached rows; with
+    ``topk``, of a tree: the complete ``topk``-ary tree of ``rows`` nodes in heap order (the
+    time depends on the rows and the masked attention, not on the tree's shape)."""
     state = decode_state(model, batch, context, engine.cache_length(context, context + rows), impl)
     tokens = jnp.zeros((batch, rows), jnp.int32)
     verify = verify_pass(NO_CAPTURE, impl)
-    return time_fn(lambda: verify(model, tokens, state.kv), repeats=repeats)
+    if topk is None:
+        return time_fn(lambda: verify(model, tokens, state.kv), repeats=repeats)
+    parents = jnp.asarray([-1] + [(i - 1) // topk for i in range(1, rows)], jnp.int32)
+    tree = DraftTree.from_parents(tokens, jnp.broadcast_to(parents, (batch, rows)))
+    return time_fn(lambda: verify(model, tokens, state.kv, tree.mask), repeats=repeats)
 
 
 def plain_loop(model, batch, context, new_tokens, impl, seed=0):
@@ -144,6 +153,15 @@ def _row(model, preset, weights, bw, batch, context, impl, args):
         row["timings"]["verify"] = verify.as_dict()
         message += f"; verify {args.verify_rows} rows {verify.median_s * 1e3:.3f} ms " \
                    f"({verify_roofline_s / verify.median_s:.1%})"
+    for tree in args.verify_trees:
+        tree_t = measure_verify(model, batch, context, rows=tree.num_nodes + 1, topk=tree.topk, impl=impl,
+                                repeats=args.repeats)
+        chain_t = measure_verify(model, batch, context, rows=tree.depth + 1, impl=impl, repeats=args.repeats)
+        row.setdefault("verify_trees", []).append(dict(
+            topk=tree.topk, depth=tree.depth, nodes=tree.num_nodes, tree_verify_ms=tree_t.median_s * 1e3,
+            chain_verify_ms=chain_t.median_s * 1e3, timings=dict(tree=tree_t.as_dict(), chain=chain_t.as_dict())))
+        message += (f"; tree verify {tree.num_nodes} nodes {tree_t.median_s * 1e3:.3f} ms vs chain of depth "
+                    f"{tree.depth} {chain_t.median_s * 1e3:.3f} ms")
     tqdm.write(message)
     return row
 
@@ -163,5 +181,8 @@ def register(subparsers):
     d.add_argument("--steps", type=int, default=128)
     d.add_argument("--verify-rows", type=int, default=0,
                    help="also time a verify forward of this many rows (k + 1), e.g. 5")
+    d.add_argument("--verify-trees", type=tree_arg, nargs="*", default=[],
+                   help="TOPK:DEPTH:NODES: also time a tree verify of NODES + 1 rows against a chain verify of "
+                        "DEPTH + 1 rows, e.g. 4:6:32")
     d.add_argument("--copy-bytes", type=int, default=2 << 30)
     return d

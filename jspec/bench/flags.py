@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from jspec.tree import TreeShape
+
 IMPL_HELP = ("kernel choice: auto, pallas or xla, optionally with per-kernel exceptions, "
              "e.g. 'auto,skinny_matmul=xla'")
 
@@ -71,3 +73,11 @@ def apply_tiny(args: argparse.Namespace) -> None:
             setattr(args, dest, value(getattr(args, dest)))
         elif getattr(args, dest) == parser.get_default(dest):
             setattr(args, dest, value)
+
+
+def tree_arg(text: str) -> TreeShape:
+    """argparse type: 'TOPK:DEPTH:NODES' -> a ``jspec.tree.TreeShape``."""
+    try:
+        return TreeShape(*(int(part) for part in text.split(":")))
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"expected TOPK:DEPTH:NODES (e.g. 3:6:12), got {text!r}: {exc}") from None

@@ -36,12 +36,13 @@ from tqdm.auto import tqdm
 
 from jspec import engine
 from jspec.bench import plots, report
-from jspec.bench.flags import common, subcommand
+from jspec.bench.flags import common, subcommand, tree_arg
 from jspec.bench.presets import GREEDY, confident, is_tiny, load_target, weights_note
 from jspec.bench.spec import end_to_end, measure_rounds, spec_state
 from jspec.bench.timing import time_fn
 from jspec.drafters import FrozenKVMTP, assistant_config, init_assistant
 from jspec.drafters.base import RoundContext
+from jspec.tree import TreeShape
 
 # Assistant shapes per target preset (heads: a multiple of the target's KV heads of either type).
 ASSISTANTS = {
@@ -166,11 +167,12 @@ def run(args):
         tags = dict(target=name, drafter="frozen_kv_mtp", context=args.context, impl=args.impl,
                     assistant_hidden=a.hidden_size)
         for batch in args.batch:
-            k_max = max(args.k + args.propose_k + [k for k, _ in args.acceptance] + [1])
+            k_max = max(args.k + args.propose_k + [k for k, _ in args.acceptance] + [t.num_nodes for t in args.trees]
+                        + [1])
             capacity = engine.cache_length(args.context, args.context + 64 + (args.repeats + 8) * (k_max + 1))
             rows += measure_rounds(target, drafter, batch, args.context, args.k, capacity=capacity, impl=args.impl,
                                    repeats=args.repeats, stages_k=args.stages_k, compile_threads=args.compile_threads,
-                                   tags=tags)
+                                   tags=tags, trees=args.trees)
             save()
             state = spec_state(target, drafter, batch, args.context, capacity, args.impl)
             rows += measure_propose(drafter, state, args.propose_k, calls=args.propose_calls, repeats=args.repeats,
@@ -193,6 +195,7 @@ def run(args):
 
 
 TINY = dict(targets=lambda targets: [t for t in targets if is_tiny(t)] or ["tiny-gemma4"], context=32, k=[2],
+            trees=[TreeShape(2, 2, 3)],
             stages_k=[2], propose_k=[2], acceptance=[(2, 2.5)], new_tokens=28, repeats=2, propose_calls=2)
 
 
@@ -214,6 +217,8 @@ def register(subparsers):
     s.add_argument("--acceptance", type=acceptance_pair, nargs="*",
                    default=[acceptance_pair(p) for p in SGLANG_ACCEPTANCE],
                    help="K:LENGTH pairs: end-to-end runs at k with this mean acceptance length (none: skip)")
+    s.add_argument("--trees", type=tree_arg, nargs="*", default=[],
+                   help="TOPK:DEPTH:NODES draft trees whose round is timed beside the chains' (e.g. 3:6:12)")
     s.add_argument("--new-tokens", type=int, default=128)
     s.add_argument("--compile-threads", type=int, default=8, help="round programs compile in parallel threads")
     return s

@@ -69,7 +69,7 @@ def make_drafter(kind, target, *, draft, dtype, seed, impl):
 
 # One jitted prefill for every k: the initial state does not depend on k.
 _start = jax.jit(speculative.start, static_argnames=("params", "eos_ids", "capacity", "max_len", "impl"))
-_round = jax.jit(speculative.speculative_round, static_argnames=("num_draft_tokens", "params", "eos_ids", "impl"),
+_round = jax.jit(speculative.speculative_round, static_argnames=("num_draft_tokens", "params", "eos_ids", "tree", "impl"),
                  donate_argnames=("state",))
 
 
@@ -82,35 +82,42 @@ def spec_state(target, drafter, batch, context, capacity, impl, seed=0):
 
 
 def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repeats, warmup=3, stages_k=(),
-                   compile_threads=8, tags=None) -> list[dict]:
-    """``round`` rows: a round for each k (a fresh state each) against a plain decode step. The
-    round programs are compiled first, in parallel threads."""
-    if not ks:
+                   compile_threads=8, tags=None, trees=()) -> list[dict]:
+    """``round`` rows: a round for each k, and for each tree (``jspec.tree.TreeShape``, its
+    ``num_nodes`` drafts), a fresh state each, against a plain decode step. The round programs are
+    compiled first, in parallel threads."""
+    if not ks and not trees:
         return []
+    shapes = {k: None for k in ks} | {tree: tree for tree in trees}
     fresh = lambda: spec_state(target, drafter, batch, context, capacity, impl)  # noqa: E731
     abstract = jax.eval_shape(fresh)
     limit = jnp.int32(NO_LIMIT)
-    compiled = compile_all({k: _round.lower(target, drafter, abstract, num_draft_tokens=k, params=GREEDY, eos_ids=(),
-                                            max_new_tokens=limit, impl=impl) for k in ks}, compile_threads)
+    compiled = compile_all({key: _round.lower(target, drafter, abstract, params=GREEDY, eos_ids=(),
+                                              num_draft_tokens=key if tree is None else tree.num_nodes, tree=tree,
+                                              max_new_tokens=limit, impl=impl)
+                            for key, tree in shapes.items()}, compile_threads)
     step = lambda s: engine.decode_step_jit(target, s, params=GREEDY, eos_ids=(), impl=impl)  # noqa: E731
     plain = decode.decode_state(target, batch, context, capacity, impl)
     decode_timing = time_steps(step, plain, warmup=warmup, repeats=repeats)[0]
     decode_s = decode_timing.median_s
     rows = []
-    for k in tqdm(ks, desc=f"k (batch {batch})"):
-        timing, state = time_steps(lambda s, k=k: compiled[k](target, drafter, s, max_new_tokens=limit), fresh(),
+    for key, tree in tqdm(shapes.items(), desc=f"k (batch {batch})"):
+        timing, state = time_steps(lambda s, key=key: compiled[key](target, drafter, s, max_new_tokens=limit), fresh(),
                                    warmup=warmup, repeats=repeats)
         round_s = timing.median_s
-        row = dict(measure="round", **(tags or {}), batch=batch, k=k, round_ms=round_s * 1e3,
+        k = key if tree is None else tree.num_nodes
+        shape = {} if tree is None else dict(topk=tree.topk, depth=tree.depth)
+        row = dict(measure="round", **(tags or {}), batch=batch, k=k, **shape, round_ms=round_s * 1e3,
                    decode_step_ms=decode_s * 1e3, overhead_ratio=round_s / decode_s,
                    timings=dict(round=timing.as_dict(), decode_step=decode_timing.as_dict()))
-        if k in stages_k:  # what the round spends beyond its two big stages
+        if tree is None and k in stages_k:  # what the round spends beyond its two big stages
             stages = stage_times(target, drafter, state, k, impl=impl, repeats=repeats)
             row.update(propose_ms=stages["propose"].median_s * 1e3, verify_ms=stages["verify"].median_s * 1e3)
             row["accept_commit_ms"] = row["round_ms"] - row["propose_ms"] - row["verify_ms"]
             row["timings"].update({name: t.as_dict() for name, t in stages.items()})
         rows.append(row)
-        tqdm.write(f"b={batch} k={k}: round {round_s * 1e3:.3f} ms = {round_s / decode_s:.2f}x decode step "
+        label = f"k={k}" if tree is None else f"tree topk={tree.topk} depth={tree.depth} nodes={k}"
+        tqdm.write(f"b={batch} {label}: round {round_s * 1e3:.3f} ms = {round_s / decode_s:.2f}x decode step "
                    f"({decode_s * 1e3:.3f} ms)" + (f"; propose {row['propose_ms']:.3f} ms, verify "
                                                    f"{row['verify_ms']:.3f} ms" if "propose_ms" in row else ""))
     return rows
