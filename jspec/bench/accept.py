@@ -9,6 +9,8 @@ verify round, bonus included) and tokens/s (a second, compiled run). The HF peer
 off; n-gram: prompt lookup) on the same token ids: its tokens must equal jspec's, its
 acceptance length is ``tokens / target forwards``. To start both from the same state, the
 peer gets the prompt plus jspec's first token (which jspec's prefill emits before any round).
+Tree experiments (``topk > 1``: k is the tree's node count, the verify budget of a chain of k) have
+no peer: HF's assisted generation drafts chains.
 
 Resumable: rows already in ``--out`` are kept and not run again. One experiment's models are in
 memory at a time; the peer runs in its own process afterwards (``--hf-python``: an interpreter
@@ -52,10 +54,14 @@ class Experiment:
     draft: str | None = None
     temperature: float = 0.0
     max_ngram: int = 2  # HF prompt lookup's default n-gram size
+    topk: int = 1  # > 1: a draft tree of depth ``depth`` and k nodes (no HF peer: HF drafts chains)
+    depth: int | None = None
 
 
 EXPERIMENTS = {e.name: e for e in (
     Experiment("qwen-1.5b/draft-0.5b", "qwen2.5-coder-1.5b-instruct", "draft-model", "qwen2.5-coder-0.5b-instruct"),
+    Experiment("qwen-1.5b/draft-0.5b-tree", "qwen2.5-coder-1.5b-instruct", "draft-model",
+               "qwen2.5-coder-0.5b-instruct", topk=2, depth=4),
     Experiment("qwen-1.5b/ngram", "qwen2.5-coder-1.5b-instruct", "ngram"),
     Experiment("qwen-0.5b/ngram", "qwen2.5-coder-0.5b-instruct", "ngram"),
     Experiment("smollm2/ngram", "smollm2-135m-instruct", "ngram"),
@@ -102,7 +108,8 @@ def run_jspec(e: Experiment, prompts: list[dict], ks, new_tokens, seed, done, em
     plain, plain_s = timed(jspec.generate, target, batch, new_tokens, **sampling)
     _, plain_1_s = timed(jspec.generate, target, first, new_tokens, **sampling)
     for k in tqdm(todo, desc=e.name, leave=False):
-        spec = functools.partial(jspec.speculative_generate, target, drafter, num_draft_tokens=k, **sampling)
+        spec = functools.partial(jspec.speculative_generate, target, drafter, num_draft_tokens=k, topk=e.topk,
+                                 depth=e.depth, **sampling)
         result, spec_s = timed(spec, batch, new_tokens)
         _, spec_1_s = timed(spec, first, new_tokens)
         for b, p in enumerate(prompts):
@@ -179,7 +186,7 @@ def run(args) -> int:
         e = EXPERIMENTS[name]
         mine_done = {(x, k) for x, _, k, m in done if m == "speed"}
         ids = run_jspec(e, prompts, args.k, args.new_tokens, args.seed, mine_done, emit)
-        if args.hf and e.temperature == 0:
+        if args.hf and e.temperature == 0 and e.topk == 1:
             mine = [dict(r, prompt_ids=ids[r["prompt"]]) for r in rows
                     if r["measure"] == "jspec" and r["experiment"] == name and r["prompt"] in ids]
             hf_done = {(x, p, k) for x, p, k, m in done if m == "hf"}
