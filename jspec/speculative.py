@@ -127,10 +127,10 @@ def speculative_round(
                                               tree_mask=draft_tree.mask, impl=impl)
         if params.greedy:
             path, num_accepted, next_token = tree_verify.greedy(
-                logits, draft_tree.tokens, draft_tree.parents, depth=tree.depth)
+                logits, draft_tree.tokens, draft_tree.parents, depth=tree.max_path)
         else:
             path, num_accepted, next_token = tree_verify.rejection_sample(
-                accept_key, probabilities(logits, params), draft_tree.tokens, draft_tree.parents, depth=tree.depth)
+                accept_key, probabilities(logits, params), draft_tree.tokens, draft_tree.parents, depth=tree.max_path)
         # The accepted path, stored in node order, becomes the chain a chain round would have left.
         target_kv = target_kv.move_rows(base, path)
         verify_tokens = jnp.take_along_axis(draft_tree.tokens, path, axis=1)  # [batch, depth+1]

@@ -94,6 +94,11 @@ class TreeShape:
             )
 
     @property
+    def max_path(self) -> int:
+        """The most drafts one root-to-leaf path can hold: ``min(depth, num_nodes)``."""
+        return min(self.depth, self.num_nodes)
+
+    @property
     def fed_rows(self) -> int:
         """Frontier nodes fed to the drafter: ``topk`` per level ``1..depth-1``."""
         return (self.depth - 1) * self.topk

@@ -25,6 +25,7 @@ GREEDY_CASES = [
     (2, 2, 3, 3, 8, "draft", dict(qk_norm=True, num_kv_heads=1)),
     (3, 3, 3, 2, 4, "self", {}),
     (4, 2, 2, 4, 7, "self", dict(tie_word_embeddings=True)),
+    (5, 2, 2, 4, 3, "draft", {}),  # fewer nodes than levels: a path holds at most 3 drafts
 ]
 
 
