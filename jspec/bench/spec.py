@@ -69,7 +69,8 @@ def make_drafter(kind, target, *, draft, dtype, seed, impl):
 
 # One jitted prefill for every k: the initial state does not depend on k.
 _start = jax.jit(speculative.start, static_argnames=("params", "eos_ids", "capacity", "max_len", "impl"))
-_round = jax.jit(speculative.speculative_round, static_argnames=("num_draft_tokens", "params", "eos_ids", "tree", "impl"),
+_round = jax.jit(speculative.speculative_round,
+                 static_argnames=("num_draft_tokens", "params", "eos_ids", "tree", "impl"),
                  donate_argnames=("state",))
 
 

@@ -7,9 +7,10 @@ and ``bind`` once on the host, then runs ``prefill`` and, per round, ``propose``
 ``commit`` inside one jitted program.
 
 Cache discipline: a drafter with its own KV cache shortens it only through ``KVCache.truncate``
-(after a tree round also ``KVCache.move_rows``) and does so in ``commit`` (the one place where rejected drafts are rolled back), never in
-``propose``. Drafters that draft trees (``topk > 1``) also implement ``propose_tree(dstate, ctx, *, shape,
-params, key) -> (jspec.tree.DraftTree, dstate)``; their ``commit`` then gets the accepted path.
+(after a tree round also ``KVCache.move_rows``) and does so in ``commit`` (the one place where
+rejected drafts are rolled back), never in ``propose``. Drafters that draft trees (``topk > 1``)
+also implement ``propose_tree(dstate, ctx, *, shape, params, key) -> (jspec.tree.DraftTree,
+dstate)``; their ``commit`` then gets the accepted path.
 Drafters with weights load through a classmethod ``load(path, *, dtype=None, ...)``
 returning the drafter (``DraftModel.load``, ``Eagle3.load``, ``MTP.load``).
 """
