@@ -117,10 +117,14 @@ class DraftModel:
                                            topk=topk, depth=shape.depth, num_nodes=shape.num_nodes)
         return tree, TreeDraftState(kv, fed_row)
 
-    def commit(self, kv, ctx: CommitContext) -> KVCache:
-        if ctx.path is not None:  # a tree round: the accepted nodes' rows move behind the root, in path order
-            kv, fed_row = kv.kv, kv.fed_row
-            path_rows = 1 + jnp.take_along_axis(fed_row, ctx.path, axis=1)  # [batch, depth+1], from the root
+    def commit(self, dstate: KVCache | TreeDraftState, ctx: CommitContext) -> KVCache:
+        """After a chain round ``dstate`` is the draft cache; after a tree round (``ctx.path``) the
+        ``TreeDraftState`` of ``propose_tree``, whose accepted nodes' rows move behind the root in
+        path order."""
+        kv = dstate
+        if ctx.path is not None:
+            kv = dstate.kv
+            path_rows = 1 + jnp.take_along_axis(dstate.fed_row, ctx.path, axis=1)  # [batch, depth+1], from the root
             kv = kv.move_rows(ctx.base_lengths, path_rows.at[:, 0].set(0))
         # The new target length is base + num_accepted + 1; keep one row fewer (the invariant).
         return kv.truncate(ctx.base_lengths + ctx.num_accepted)
