@@ -24,7 +24,9 @@ probabilities are cast to V's dtype before the PV product (as a flash kernel doe
 
 The Pallas kernel (flash-decoding with the batch's KV blocks shared out evenly over its programs,
 stream-K) lives in :mod:`pallas_kernels.flash_decoding`; its tiling, a function of the shapes and
-the window, in :mod:`pallas_kernels.decode_tiling`.
+the window, in :mod:`pallas_kernels.decode_tiling`. Wide heads (head_dim 512) with 17..64 query
+rows x GQA group and neither window nor tail mask run on a GPU in the Mosaic GPU kernel of
+:mod:`pallas_kernels.wide_head_decode` instead (:func:`use_wide_kernel`).
 
 ``impl="auto"`` (see :func:`use_pallas`): the reference on CPU; on a GPU the kernel wherever the
 recorded benchmarks show it faster (figures: ``benchmarks/README.md``, decode attention).
@@ -39,6 +41,7 @@ from jax import lax
 from pallas_kernels._dispatch import check_impl, on_gpu
 from pallas_kernels.flash_decoding import _effective_tail_mask, decode_attention_pallas
 from pallas_kernels.split_kv import _MASK_VALUE
+from pallas_kernels.wide_head_decode import decode_attention_wide, supports as wide_kernel_supports
 
 __all__ = ["decode_attention", "decode_attention_pallas", "decode_attention_reference", "use_pallas", "visibility_mask"]
 
@@ -126,6 +129,25 @@ def use_pallas(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype
     return True
 
 
+def use_wide_kernel(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, *, tail_mask=None,
+                    window=None) -> bool:
+    """Where the Pallas path on a GPU takes the Mosaic GPU wide-head kernel
+    (``benchmarks/draft_attention_gemma4_full_h100.json``, variant ``wide``): head_dim 512 (Gemma 4's
+    full layers), no window or tail mask, one M tile of query rows x GQA group (<= 64), and
+
+    * more than 32 rows (Gemma 4 31B verifying 4 drafts: 40; E4B 8 drafts: 36), where the Triton
+      kernel's three or more 16-row slices re-reading each K/V tile stream 0.55-0.69 of copy
+      bandwidth and this kernel 0.8-0.87 from ~1 GB read; or
+    * 17..32 rows with 64 or more (sequence, KV head) pairs (E4B verifying 4 drafts at batch 32).
+
+    Both only from 16k (sequence x KV head x cache row) triples up: below, the Triton kernel's
+    lighter start wins by a few microseconds. With at most 16 rows the Triton kernel is faster."""
+    rows = num_q * (num_q_heads // num_kv_heads)
+    busy = rows > 32 or (rows > 16 and batch * num_kv_heads >= 64)
+    return (head_dim == 512 and busy and batch * num_kv_heads * max_len >= 16384 and tail_mask is None
+            and window is None and wide_kernel_supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype))
+
+
 def decode_attention(q, k, v, kv_lengths, *, q_positions, tail_mask=None, window=None, scale=None, impl="auto"):
     """Dispatcher: see the module docstring for shapes and the visibility rule."""
     impl = check_impl(impl, "decode_attention")
@@ -135,6 +157,9 @@ def decode_attention(q, k, v, kv_lengths, *, q_positions, tail_mask=None, window
         batch, num_q, num_q_heads, head_dim = q.shape
         use = on_gpu() and use_pallas(batch, num_q, num_q_heads, k.shape[1], k.shape[2], head_dim, k.dtype)
         impl = "pallas" if use else "xla"
+    wide = use_wide_kernel(*q.shape[:3], *k.shape[1:3], q.shape[3], k.dtype, tail_mask=tail_mask, window=window)
+    if impl == "pallas" and on_gpu() and wide:
+        return decode_attention_wide(q, k, v, kv_lengths, q_positions=q_positions, scale=scale)
     if impl == "pallas":
         return decode_attention_pallas(
             q, k, v, kv_lengths, q_positions=q_positions, tail_mask=tail_mask, window=window, scale=scale

@@ -1,0 +1,273 @@
+"""Decode attention for wide heads (head_dim 512: Gemma 4's full layers) on Hopper, in Mosaic GPU.
+
+Same shapes and visibility rule as :mod:`pallas_kernels.decode_attention` (no ``tail_mask``, no
+window: full layers have neither outside tree verification). At head_dim 512 the Triton kernel
+streams only ~0.65 of copy bandwidth once the query rows x GQA group pass 16 (every 16-row slice
+re-reads the K/V tile from shared memory, and a 64 x 512 fp32 accumulator leaves Triton no
+registers). This kernel is built the way FlashMLA runs 512-wide heads:
+
+* one CTA per (KV head, split, sequence); the query rows x GQA group (<= 64) are one WGMMA M tile,
+  held in shared memory for the whole call, so K and V are read from HBM once per KV head;
+* a producer warpgroup streams K and V blocks by TMA into a ring of ``stages`` slots;
+* ``head_dim // 256`` consumer warpgroups each own 256 output columns (a 64 x 256 fp32
+  accumulator, WGMMA's widest N): each computes the scores ``q @ k.T`` over the whole head_dim
+  itself (recomputing them costs tensor-core time, which is idle here, instead of a round trip
+  of the probabilities through shared memory), then its share of ``p @ v``;
+* splits of the KV axis write normalised partials and base-2 log-sum-exps, merged by one small
+  XLA fusion (``k_splits == 1`` writes the output directly).
+
+Masking: row ``r`` sees cache rows ``[0, limit_r)`` with ``limit_r = min(L, p_r + 1)``; only
+blocks past the smallest limit are masked, and rows past ``L`` (which may hold NaN) are zeroed in
+V's shared-memory tile before the product (``0 * NaN`` is NaN). Cache rows go unread past the
+largest limit.
+
+Needs an H100-class GPU; on a machine without one it runs in the Mosaic GPU interpreter
+(``plgpu.InterpretGPUParams``, jax >= 0.12), which is how the CPU tests exercise it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from pallas_kernels._dispatch import interpret_mode
+from pallas_kernels.split_kv import _MASK_VALUE
+
+ROWS = 64  # WGMMA's M tile: query rows x GQA group, padded
+COLUMNS = 256  # output columns per consumer warpgroup (WGMMA's largest N)
+SMEM_BYTES = 227 * 1024  # shared memory of one Hopper CTA
+NUM_SMS = 132  # H100 / H200: the default split count aims at one CTA per SM
+
+
+def supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, *, block_kv=64) -> bool:
+    """Whether these shapes fit the kernel (the dispatcher's test; the kernel raises otherwise)."""
+    rows = num_q * (num_q_heads // num_kv_heads)
+    return (rows <= ROWS and head_dim % COLUMNS == 0 and max_len % block_kv == 0
+            and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)))
+
+
+def default_splits(batch, num_kv_heads, max_len, block_kv) -> int:
+    """About one CTA per SM, at least 4 KV blocks per split."""
+    return max(1, min(NUM_SMS // (batch * num_kv_heads), max_len // block_kv // 4))
+
+
+def _accumulate(acc, a, b, a_smem):
+    """``acc + a @ b`` on the tensor cores, ``a`` from registers, in place. The interpreter takes
+    WGMMA operands from shared memory only (``a_smem``, None on the GPU) and runs it only on a fresh
+    accumulator, so there the product goes through ``a_smem`` and is added in registers."""
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    if a_smem is not None:
+        a_smem[...] = a
+
+        def product(acc_ref):
+            plgpu.wgmma(acc_ref, a_smem, b)
+            return acc_ref[...]
+
+        return acc + pl.run_scoped(product, plgpu.ACC(acc.shape, jnp.float32))
+
+    def accumulate(acc_ref):
+        plgpu.wgmma(acc_ref, a, b)
+
+    return pl.run_state(accumulate)(plgpu.ACC.init(acc))
+
+
+def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block_kv=64, stages=None,
+                          k_splits=None, interpret=None):
+    """``q [batch, num_q, num_q_heads, head_dim]``, ``k, v [batch, num_kv_heads, max_len, head_dim]``,
+    ``kv_lengths [batch]``, ``q_positions [batch, num_q]`` -> ``[batch, num_q, num_q_heads, head_dim]``.
+
+    Needs num_q x GQA group <= 64, head_dim a multiple of 256, ``max_len`` a multiple of
+    ``block_kv`` (a multiple of 64), a 16-bit cache. ``stages``: K/V ring slots (default: as many as
+    227 KiB of shared memory allow, at most 2); ``k_splits``: see :func:`default_splits`.
+    """
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    batch, num_q, num_q_heads, head_dim = q.shape
+    _, num_kv_heads, max_len, _ = k.shape
+    group = num_q_heads // num_kv_heads
+    rows = num_q * group
+    if block_kv % 64 or not supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, k.dtype,
+                                     block_kv=block_kv):
+        raise ValueError(
+            f"decode_attention_wide needs num_q * GQA group <= {ROWS} (got {rows}), head_dim a multiple of "
+            f"{COLUMNS} (got {head_dim}), max_len a multiple of block_kv (got {max_len}, {block_kv}; block_kv a "
+            f"multiple of 64) and a 16-bit cache (got {k.dtype})")
+    interpret = interpret_mode() if interpret is None else interpret
+    consumers = head_dim // COLUMNS
+    n_blocks = max_len // block_kv
+    stage_bytes = 2 * block_kv * head_dim * k.dtype.itemsize  # a K and a V block
+    free_bytes = SMEM_BYTES - ROWS * head_dim * k.dtype.itemsize - 1024  # q (then the output), limits, lse
+    if stages is None:
+        stages = max(1, min(2, free_bytes // stage_bytes))
+    if stages * stage_bytes > free_bytes:
+        raise ValueError(f"stages={stages} of {block_kv}-row K/V blocks at head_dim {head_dim} need "
+                         f"{stages * stage_bytes + SMEM_BYTES - free_bytes} bytes of shared memory, more than "
+                         f"the {SMEM_BYTES} a Hopper CTA has")
+    k_splits = k_splits or default_splits(batch, num_kv_heads, max_len, block_kv)
+    blocks_per_split = pl.cdiv(n_blocks, k_splits)
+    k_splits = pl.cdiv(n_blocks, blocks_per_split)  # no split left without blocks at full length
+    stages = min(stages, blocks_per_split)
+    scale = head_dim**-0.5 if scale is None else scale
+    logit_scale = float(scale) * math.log2(math.e)  # softmax in base 2: exp2 is one instruction
+    dtype = k.dtype
+
+    # Query rows x GQA group -> one M tile per (sequence, KV head): row r = query r // group.
+    q_rows = q.astype(dtype).reshape(batch, num_q, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
+    q_rows = jnp.pad(q_rows.reshape(batch, num_kv_heads, rows, head_dim), ((0, 0), (0, 0), (0, ROWS - rows), (0, 0)))
+    lengths = jnp.clip(kv_lengths.astype(jnp.int32), 0, max_len)
+    query_limit = jnp.minimum(lengths[:, None], q_positions.astype(jnp.int32) + 1)  # [batch, num_q]
+    query_limit = jnp.maximum(query_limit, 0)
+    # Padding rows copy the last query's limit: they then never widen the range of blocks read.
+    row_limit = jnp.pad(jnp.repeat(query_limit, group, axis=1), ((0, 0), (0, ROWS - rows)), mode="edge")
+    lowest, highest = jnp.min(query_limit, axis=1), jnp.max(query_limit, axis=1)
+
+    wgmma_layout = plgpu.Layout.WGMMA
+    row_layout = wgmma_layout.reduce(1)
+
+    def kernel(q_ref, k_ref, v_ref, limit_ref, length_ref, lowest_ref, highest_ref, out_ref, lse_ref, scratch):
+        b, h, split, wg = (lax.axis_index(name) for name in ("batch", "heads", "split", "wg"))
+        (q_smem, k_smem, v_smem, limit_smem, lse_smem, p_smem), ready, (k_free, v_free, done) = scratch
+        q_ready, limit_ready, k_ready, v_ready = ready
+        length, lowest_b = length_ref[b], lowest_ref[b]
+        first = split * blocks_per_split
+        end = jnp.minimum(first + blocks_per_split, pl.cdiv(highest_ref[b], block_kv))
+
+        def consumer(c):
+            plgpu.set_max_registers(232, action="increase")
+            plgpu.barrier_wait(q_ready.at[0])
+            plgpu.barrier_wait(limit_ready.at[0])
+            limit = lax.broadcast_in_dim(plgpu.load(limit_smem, layout=row_layout), (ROWS, block_kv), [0])
+            m = plgpu.layout_cast(jnp.full((ROWS,), _MASK_VALUE, jnp.float32), row_layout)
+            l = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), row_layout)
+            acc = plgpu.layout_cast(jnp.zeros((ROWS, COLUMNS), jnp.float32), wgmma_layout)
+
+            def step(block, carry):
+                acc, m, l = carry
+                slot = lax.rem(block, stages)
+                start = block * block_kv
+                plgpu.barrier_wait(k_ready.at[slot])
+
+                def scores(acc_ref):
+                    for chunk in range(consumers):
+                        plgpu.wgmma(acc_ref, q_smem[chunk], k_smem[chunk].at[slot].transpose((1, 0)))
+                    return acc_ref[...]
+
+                s = pl.run_scoped(scores, plgpu.ACC((ROWS, block_kv), jnp.float32)) * logit_scale
+                plgpu.barrier_arrive(k_free.at[slot])
+
+                def mask(s):  # -inf, not _MASK_VALUE: a row that sees nothing here keeps p = 0
+                    cols = start + plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=wgmma_layout)
+                    return jnp.where(cols < limit, s, -jnp.inf)
+
+                s = lax.cond(start + block_kv > lowest_b, mask, lambda s: s, s)
+                m_new = jnp.maximum(m, s.max(axis=1))
+                alpha = jnp.exp2(m - m_new)
+                p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+                l = l * alpha + p.sum(axis=1)
+                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+                plgpu.barrier_wait(v_ready.at[slot])
+                v_tile = v_smem[c].at[slot]
+
+                @pl.when(start + block_kv > length)
+                def _zero_rows_past_length():  # p is 0 there, but 0 * NaN is not
+                    tile = plgpu.load(v_tile, layout=wgmma_layout)
+                    r = plgpu.broadcasted_iota(jnp.int32, tile.shape, 0, layout=wgmma_layout)
+                    v_tile[...] = jnp.where(start + r < length, tile, jnp.zeros_like(tile))
+                    plgpu.commit_smem()
+
+                acc = _accumulate(acc, p.astype(dtype), v_tile, None if p_smem is None else p_smem[c])
+                plgpu.barrier_arrive(v_free.at[slot])
+                return acc, m_new, l
+
+            acc, m, l = lax.fori_loop(first, end, step, (acc, m, l))
+            # Every consumer is past its last read of q_smem, which now takes the output.
+            plgpu.barrier_arrive(done.at[0])
+            plgpu.barrier_wait(done.at[0])
+            l_safe = jnp.where(l > 0, l, jnp.ones_like(l))  # a split that saw nothing writes zeros
+            q_smem[c][...] = (acc * lax.broadcast_in_dim(1.0 / l_safe, acc.shape, [0])).astype(dtype)
+            if c == 0 and k_splits > 1:
+                lse_smem[...] = jnp.where(l > 0, m + jnp.log2(l_safe), -jnp.inf)
+            plgpu.commit_smem()
+            out_tile = out_ref.at[b, h] if k_splits == 1 else out_ref.at[b, h, split]
+            plgpu.copy_smem_to_gmem(q_smem[c], out_tile.at[:, pl.ds(c * COLUMNS, COLUMNS)])
+            if c == 0 and k_splits > 1:
+                plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, h, split])
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+        for c in range(consumers):
+            pl.when(wg == c)(functools.partial(consumer, c))
+
+        @pl.when(wg == consumers)
+        def _producer():
+            plgpu.set_max_registers(40, action="decrease")
+            plgpu.copy_gmem_to_smem(limit_ref.at[b], limit_smem, limit_ready.at[0])
+
+            def load(ref, block, slot, smem, ready):  # one copy per 256-column chunk, all arriving on `ready`
+                rows_ = pl.ds(block * block_kv, block_kv)
+                for chunk in range(consumers):
+                    columns = pl.ds(chunk * COLUMNS, COLUMNS)
+                    plgpu.copy_gmem_to_smem(ref.at[b, h, rows_, columns], smem[chunk].at[slot], ready)
+
+            def fill(block, slot):
+                load(k_ref, block, slot, k_smem, k_ready.at[slot])
+                load(v_ref, block, slot, v_smem, v_ready.at[slot])
+
+            for chunk in range(consumers):
+                columns = pl.ds(chunk * COLUMNS, COLUMNS)
+                plgpu.copy_gmem_to_smem(q_ref.at[b, h, :, columns], q_smem[chunk], q_ready.at[0])
+            for i in range(stages):
+                pl.when(first + i < end)(functools.partial(fill, first + i, lax.rem(first + i, stages)))
+
+            @pl.loop(first, end - stages)
+            def _refill(block):
+                slot = lax.rem(block, stages)
+                plgpu.barrier_wait(k_free.at[slot])
+                load(k_ref, block + stages, slot, k_smem, k_ready.at[slot])
+                plgpu.barrier_wait(v_free.at[slot])
+                load(v_ref, block + stages, slot, v_smem, v_ready.at[slot])
+
+    def entry(*refs):
+        swizzled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+        pl.run_scoped(
+            lambda *scratch: kernel(*refs, scratch),
+            # Every operand in 256-column chunks, one allocation each: TMA copies and WGMMA take whole,
+            # contiguous chunks (and a static index into a shared-memory ref fails to lower on jax 0.11).
+            ([plgpu.SMEM((ROWS, COLUMNS), dtype, transforms=swizzled)] * consumers,
+             [plgpu.SMEM((stages, block_kv, COLUMNS), dtype, transforms=swizzled)] * consumers,
+             [plgpu.SMEM((stages, block_kv, COLUMNS), dtype, transforms=swizzled)] * consumers,
+             plgpu.SMEM((ROWS,), jnp.int32),
+             plgpu.SMEM((ROWS,), jnp.float32),
+             [plgpu.SMEM((ROWS, block_kv), dtype, transforms=swizzled)] * consumers if interpret else None),
+            (plgpu.Barrier(num_arrivals=consumers, num_barriers=1), plgpu.Barrier(num_barriers=1),
+             plgpu.Barrier(num_arrivals=consumers, num_barriers=stages),
+             plgpu.Barrier(num_arrivals=consumers, num_barriers=stages)),
+            (plgpu.Barrier(num_arrivals=consumers, num_barriers=stages),) * 2
+            + (plgpu.Barrier(num_arrivals=consumers, num_barriers=1),),
+            collective_axes="wg",
+        )
+
+    if k_splits == 1:
+        out_type = [jax.ShapeDtypeStruct((batch, num_kv_heads, ROWS, head_dim), dtype),
+                    jax.ShapeDtypeStruct((1,), jnp.float32)]
+    else:
+        out_type = [jax.ShapeDtypeStruct((batch, num_kv_heads, k_splits, ROWS, head_dim), dtype),
+                    jax.ShapeDtypeStruct((batch, num_kv_heads, k_splits, ROWS), jnp.float32)]
+    out, lse = plgpu.kernel(
+        entry, out_type=out_type, grid=(num_kv_heads, k_splits, batch), grid_names=("heads", "split", "batch"),
+        num_threads=consumers + 1, thread_name="wg", compiler_params=plgpu.CompilerParams(approx_math=True),
+        interpret=plgpu.InterpretGPUParams() if interpret else None,
+    )(q_rows, k, v, row_limit, lengths, lowest, highest)
+    if k_splits > 1:  # log-sum-exp merge of the splits (base 2); rows no split saw get zeros
+        top = jnp.max(lse, axis=2, keepdims=True)
+        weights = jnp.exp2(lse - jnp.where(jnp.isfinite(top), top, 0.0))
+        total = jnp.maximum(jnp.sum(weights, axis=2), 1e-30)[..., None]
+        out = jnp.einsum("bhsr,bhsrd->bhrd", weights, out.astype(jnp.float32),
+                         precision=lax.Precision.HIGHEST) / total
+    out = out[:, :, :rows].astype(q.dtype).reshape(batch, num_kv_heads, num_q, group, head_dim)
+    return out.transpose(0, 2, 1, 3, 4).reshape(batch, num_q, num_q_heads, head_dim)

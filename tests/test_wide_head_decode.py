@@ -1,0 +1,78 @@
+"""The Mosaic GPU wide-head decode-attention kernel against the jnp reference: in the Mosaic GPU
+interpreter on CPU, compiled on a GPU. Cache rows past each length hold NaN."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.decode_attention import decode_attention_reference
+from pallas_kernels.wide_head_decode import decode_attention_wide, default_splits, supports
+
+pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu" and jax.__version_info__ < (0, 12),
+                                reason="the Mosaic GPU interpreter needs jax >= 0.12")
+
+
+def _case(seed, *, batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, lengths, positions=None):
+    keys = jax.random.split(jax.random.key(seed), 3)
+    q = jax.random.normal(keys[0], (batch, num_q, num_q_heads, head_dim), jnp.bfloat16)
+    k, v = (jax.random.normal(key, (batch, num_kv_heads, max_len, head_dim), jnp.bfloat16) for key in keys[1:])
+    lengths = jnp.asarray(lengths, jnp.int32)
+    past = jnp.arange(max_len)[None, None, :, None] >= lengths[:, None, None, None]
+    k, v = jnp.where(past, jnp.nan, k), jnp.where(past, jnp.nan, v)
+    if positions is None:  # the last num_q rows of each length (verify / decode)
+        positions = lengths[:, None] - num_q + jnp.arange(num_q, dtype=jnp.int32)[None, :]
+    return q, k, v, lengths, jnp.asarray(positions, jnp.int32)
+
+
+CASES = [  # (name, shapes, kernel kwargs)
+    ("one_consumer_ragged", dict(batch=3, num_q=2, num_q_heads=8, num_kv_heads=2, max_len=256, head_dim=256,
+                                 lengths=[256, 100, 2]), {}),
+    ("two_consumers_splits", dict(batch=2, num_q=5, num_q_heads=16, num_kv_heads=2, max_len=384, head_dim=512,
+                                  lengths=[383, 70]), dict(k_splits=3)),
+    ("full_m_tile_ring", dict(batch=1, num_q=8, num_q_heads=8, num_kv_heads=1, max_len=512, head_dim=256,
+                              lengths=[450]), dict(k_splits=2, stages=2)),
+    # Frozen-KV drafting: every query at one position before the cache's end; a padding query (-1) sees nothing.
+    ("drafts_at_one_position", dict(batch=2, num_q=3, num_q_heads=4, num_kv_heads=1, max_len=256, head_dim=256,
+                                    lengths=[200, 64], positions=[[150, 150, -1], [63, 63, 63]]), dict(k_splits=4)),
+]
+
+
+@pytest.mark.parametrize("name, shapes, kernel_kw", CASES, ids=[c[0] for c in CASES])
+def test_kernel_matches_the_reference(name, shapes, kernel_kw):
+    q, k, v, lengths, positions = _case(hash(name) % 1000, **shapes)
+    got = decode_attention_wide(q, k, v, lengths, q_positions=positions, **kernel_kw)
+    want = decode_attention_reference(q, k, v, lengths, q_positions=positions)
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
+
+
+def test_a_query_that_sees_nothing_gets_zeros():
+    q, k, v, lengths, _ = _case(7, batch=1, num_q=2, num_q_heads=4, num_kv_heads=1, max_len=128, head_dim=256,
+                                lengths=[128])
+    got = decode_attention_wide(q, k, v, lengths, q_positions=jnp.array([[-1, 5]]), k_splits=2)
+    np.testing.assert_array_equal(np.asarray(got[0, 0], np.float32), 0.0)
+
+
+def test_shapes_it_cannot_run_are_refused():
+    assert supports(5, 32, 4, 4096, 512, jnp.bfloat16)  # Gemma 4 31B full layers, 5 query rows
+    assert not supports(9, 32, 4, 4096, 512, jnp.bfloat16)  # 72 rows: more than one M tile
+    assert not supports(1, 8, 2, 4096, 128, jnp.bfloat16)
+    assert not supports(1, 8, 2, 4000, 512, jnp.bfloat16)
+    assert not supports(1, 8, 2, 4096, 512, jnp.float32)
+    q, k, v, lengths, positions = _case(0, batch=1, num_q=9, num_q_heads=8, num_kv_heads=1, max_len=128,
+                                        head_dim=256, lengths=[128])
+    with pytest.raises(ValueError, match="num_q \\* GQA group <= 64"):
+        decode_attention_wide(q, k, v, lengths, q_positions=positions)
+    with pytest.raises(ValueError, match="shared memory"):
+        decode_attention_wide(q[:, :1], k, v, lengths, q_positions=positions[:, :1], stages=4)
+
+
+def test_default_splits_aim_at_one_cta_per_sm():
+    assert default_splits(1, 4, 32768, 64) == 33
+    assert default_splits(8, 4, 32768, 64) == 4
+    assert default_splits(32, 4, 32768, 64) == 1
+    assert default_splits(1, 4, 256, 64) == 1  # at least 4 blocks per split
