@@ -37,6 +37,33 @@ def test_save_refuses_to_overwrite(tmp_path):
     jspec.save(model, tmp_path / "m", overwrite=True)
 
 
+def test_an_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    """A save that dies while writing the parameters (after the new config is written) leaves the
+    old checkpoint whole and restorable, and no partial directory beside it."""
+    import orbax.checkpoint as ocp
+
+    old, new = tiny_model(0), tiny_model(1, num_layers=1)
+    jspec.save(old, tmp_path / "m")
+    real_save = ocp.StandardCheckpointer.save
+
+    def dies_midway(self, directory, *args, **kwargs):
+        real_save(self, directory, *args, **kwargs)
+        raise KeyboardInterrupt("killed while writing")
+
+    monkeypatch.setattr(ocp.StandardCheckpointer, "save", dies_midway)
+    with pytest.raises(KeyboardInterrupt):
+        jspec.save(new, tmp_path / "m", overwrite=True)
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["m"]
+    restored = jspec.restore(tmp_path / "m")
+    assert restored.config == old.config
+    for a, b in zip(jax.tree.leaves(old), jax.tree.leaves(restored), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    jspec.save(new, tmp_path / "m", overwrite=True)  # an uninterrupted save replaces it
+    assert jspec.restore(tmp_path / "m").config == new.config
+    assert [p.name for p in tmp_path.iterdir()] == ["m"]
+
+
 def test_convert_hf_script_end_to_end(hf_models, tmp_path):
     dst = tmp_path / "converted"
     proc = subprocess.run(

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import tempfile
+import uuid
 from pathlib import Path
 
 import jax
@@ -34,18 +37,40 @@ def config_from_dict(d: dict) -> AnyConfig:
 
 
 def save(model: AnyModel, path, *, overwrite: bool = False) -> None:
-    """Write ``model`` to the directory ``path`` (config JSON + orbax parameter checkpoint)."""
+    """Write ``model`` to the directory ``path`` (config JSON + orbax parameter checkpoint).
+
+    Atomic: everything is written into a temporary directory beside ``path`` and renamed into
+    place, so an interrupted save leaves either the previous checkpoint (``overwrite=True``) or
+    none, never a config that does not match its parameters. The previous checkpoint is renamed
+    aside first and deleted only once the new one is in place.
+    """
     import orbax.checkpoint as ocp
 
     path = Path(path).absolute()
     if path.exists() and any(path.iterdir()) and not overwrite:
         raise FileExistsError(f"{path} exists and is not empty (pass overwrite=True to replace it)")
-    path.mkdir(parents=True, exist_ok=True)
-    meta = {"config": config_to_dict(model.config), "dtype": np.dtype(model.dtype).name}
-    (path / _CONFIG_FILE).write_text(json.dumps(meta, indent=2))
-    with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(path / _PARAMS_DIR, model, force=True)
-        ckptr.wait_until_finished()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.saving-", dir=path.parent))
+    try:
+        meta = {"config": config_to_dict(model.config), "dtype": np.dtype(model.dtype).name}
+        (staging / _CONFIG_FILE).write_text(json.dumps(meta, indent=2))
+        with ocp.StandardCheckpointer() as ckptr:
+            ckptr.save(staging / _PARAMS_DIR, model, force=True)
+            ckptr.wait_until_finished()
+        replace_directory(staging, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def replace_directory(new: Path, path: Path) -> None:
+    """Rename the finished directory ``new`` to ``path``; an existing ``path`` is renamed aside
+    first (a crash in between leaves it there, complete) and deleted last."""
+    old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}") if path.exists() else None
+    if old is not None:
+        path.rename(old)
+    new.rename(path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def restore(path) -> AnyModel:
