@@ -35,7 +35,8 @@ def generate():
 
 
 @pytest.mark.parametrize("script, expected",
-                         [("bench.py", "catch-up"), ("convert_hf.py", "SRC"), ("generate.py", "--drafter")])
+                         [("bench.py", "catch-up"), ("convert_hf.py", "SRC"), ("generate.py", "--drafter"),
+                          ("train_draft.py", "--resume")])
 def test_help(script, expected):
     out = _ok(ROOT / "scripts" / script, "--help")
     assert out.startswith("usage") and expected in out
@@ -55,6 +56,23 @@ def test_main_job_on_smollm2(smollm2_gguf):
     assert re.search(r"mean acceptance length \(.*\): \d+\.\d\d", spec)
     assert re.search(r"plain decoding: 12 tokens in .* s, [\d.]+ tokens/s", plain)
     assert re.search(r"^[\d.]+ tokens/s \([\d.]+x plain\)", spec.split(", ", 1)[1])
+
+
+def test_train_draft_trains_exports_and_resumes_on_smollm2(smollm2_gguf, tmp_path):
+    """A tiny training run on stdlib source: progress, held-out acceptance, a loadable HF head;
+    run again with --resume and more steps, it continues from its checkpoint."""
+    args = [ROOT / "scripts" / "train_draft.py", "--out", tmp_path, "--data", "stdlib", "--stdlib-bytes", "20000",
+            "--width", "64", "--batch", "2", "--ttt", "2", "--anchors", "4", "--draft-vocab", "1024",
+            "--eval-every", "0", "--eval-prompts", "1", "--checkpoint-every", "2"]
+    out = _ok(*args, "--train-steps", "2")
+    assert re.search(r"held-out acceptance length \d+\.\d\d", out)
+    from jspec.drafters import Eagle3
+
+    head = Eagle3.load(tmp_path / "head").head
+    assert head.config.draft_vocab_size == 1024 and head.fc.dtype.name == "bfloat16"
+    proc = _run(*args, "--train-steps", "4", "--resume")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2/4" in proc.stderr  # the progress bar starts where the checkpoint left off
 
 
 def test_token_id_mode_without_a_tokenizer(generate, capsys):

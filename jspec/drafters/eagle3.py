@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import jax
@@ -30,11 +33,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.drafters.hidden_state import HiddenStateDrafter, require_llama_target
+from jspec.io.orbax import replace_directory
 from jspec.io.safetensors import TensorReader, check_tensors, checkpoint_dtype, read_json, tensor_files
 from jspec.layers import linear, rms_norm
 from jspec.models.base import Capture, random_matrix, random_norm_weight
 from jspec.models.llama import Layer, LlamaConfig, Model, from_hf_config, init_layer
-from jspec.models.llama.weights import layer_tensors, read_layer
+from jspec.models.llama.weights import layer_arrays, layer_tensors, read_layer
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 
@@ -324,3 +328,49 @@ def load_head(path, *, dtype=None) -> Eagle3Head:
             ),
             config=config,
         )
+
+
+def save_head(head: Eagle3Head, path, *, metadata: dict | None = None) -> None:
+    """Write ``head`` as an HF ``LlamaForCausalLMEagle3`` directory (``config.json`` +
+    ``model.safetensors``, the tensor names of :func:`load_head`; ``d2t`` int64 offsets and ``t2d``
+    bool), readable by :meth:`Eagle3.load` and by other engines' EAGLE-3 loaders. ``metadata``
+    (e.g. how it was trained) goes into ``config.json`` under ``"jspec"``. Written atomically."""
+    from safetensors.numpy import save_file
+
+    config, c = head.config, head.config.layer
+    tensors = {"fc.weight": head.fc.T, "midlayer.hidden_norm.weight": head.hidden_norm, "norm.weight": head.norm,
+               "lm_head.weight": head.lm_head.T} | layer_arrays(head.layer, c, "midlayer.")
+    if head.d2t is not None:
+        hot = np.arange(config.draft_vocab_size) + np.asarray(head.d2t)
+        tensors["d2t"] = np.asarray(head.d2t, np.int64)
+        tensors["t2d"] = np.isin(np.arange(c.vocab_size), hot)
+    if head.fc_bias is not None:
+        tensors["fc.bias"] = head.fc_bias
+    if head.embed is not None:
+        tensors["embed_tokens.weight"] = head.embed
+    if head.fc_norm is not None:
+        tensors |= {f"fc_norm.{i}.weight": w for i, w in enumerate(head.fc_norm)}
+    hf = dict(
+        architectures=[ARCHITECTURES[0]], model_type="llama", num_hidden_layers=1, hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim, vocab_size=c.vocab_size, draft_vocab_size=config.draft_vocab_size,
+        target_hidden_size=config.target_hidden_size, rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
+        max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=False, hidden_act="silu",
+        fc_norm=head.fc_norm is not None, torch_dtype=np.dtype(head.fc.dtype).name,
+    )
+    if c.rope_scaling is not None:
+        hf["rope_scaling"] = dict(rope_type="llama3", **dataclasses.asdict(c.rope_scaling))
+    if config.aux_layers is not None:
+        hf["aux_layers_hf_index"] = list(config.aux_layers)
+    if metadata:
+        hf["jspec"] = metadata
+    path = Path(path).absolute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.saving-", dir=path.parent))
+    try:
+        (staging / "config.json").write_text(json.dumps(hf, indent=2))
+        save_file({name: np.ascontiguousarray(np.asarray(x)) for name, x in tensors.items()},
+                  str(staging / "model.safetensors"), metadata={"format": "pt"})
+        replace_directory(staging, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

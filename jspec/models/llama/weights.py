@@ -105,6 +105,31 @@ def read_layer(get: Getter, c: LlamaConfig, prefix: str) -> Layer:
     )
 
 
+def layer_arrays(layer: Layer, c: LlamaConfig, prefix: str) -> dict[str, Any]:
+    """The inverse of :func:`read_layer`: HF tensor name -> array in PyTorch's ``[out, in]``
+    layout (fused q/k/v and gate/up split again)."""
+    p = prefix
+    q, k, v = jnp.split(layer.qkv, [c.q_size, c.q_size + c.kv_size], axis=1)
+    gate, up = jnp.split(layer.gate_up, 2, axis=1)
+    out = {
+        p + "input_layernorm.weight": layer.attn_norm,
+        p + "post_attention_layernorm.weight": layer.mlp_norm,
+        p + "self_attn.q_proj.weight": q.T,
+        p + "self_attn.k_proj.weight": k.T,
+        p + "self_attn.v_proj.weight": v.T,
+        p + "self_attn.o_proj.weight": layer.o.T,
+        p + "mlp.gate_proj.weight": gate.T,
+        p + "mlp.up_proj.weight": up.T,
+        p + "mlp.down_proj.weight": layer.down.T,
+    }
+    if layer.qkv_bias is not None:
+        for name, bias in zip("qkv", jnp.split(layer.qkv_bias, [c.q_size, c.q_size + c.kv_size])):
+            out[p + f"self_attn.{name}_proj.bias"] = bias
+    if layer.q_norm is not None:
+        out |= {p + "self_attn.q_norm.weight": layer.q_norm, p + "self_attn.k_norm.weight": layer.k_norm}
+    return out
+
+
 def build(get: Getter, config: LlamaConfig, *, progress: bool = False) -> Model:
     """The ``Model`` from checked tensors (``jspec.io`` has verified names and shapes)."""
     layers = tuple(

@@ -1,0 +1,140 @@
+"""Training draft heads (jspec.training): the loss goes down, its gradients are right, training
+runs the very forward that drafting runs, checkpoints resume exactly, and an exported head loads
+and drafts losslessly."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jspec
+from jspec import training
+from jspec.drafters import MTP, Eagle3, init_mtp_head
+from jspec.drafters.base import PrefillContext, RoundContext
+from jspec.drafters.eagle3 import save_head
+from jspec.sampling import SamplingParams
+from jspec.training.trainer import sample_anchors, target_batch
+from tests.tiny import eagle3_head, tiny_model
+
+CFG = training.TrainConfig(learning_rate=3e-3, warmup_steps=5, total_steps=40, steps=3, anchors=6)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """A tiny target, an EAGLE-3 head for it (reduced vocabulary) and the target's own greedy text."""
+    target = tiny_model(0, num_layers=4)
+    drafter = Eagle3(eagle3_head(1, target), impl="xla").bind(target)
+    rng = np.random.default_rng(0)
+    prompts = [list(rng.integers(0, target.config.vocab_size, 4)) for _ in range(6)]
+    text = [p + o for p, o in zip(prompts, jspec.generate(target, prompts, 20))]
+    tokens = jnp.asarray(text, jnp.int32)
+    return target, drafter, tokens, jnp.full((len(text),), tokens.shape[1], jnp.int32)
+
+
+def _mtp(target):
+    return MTP(init_mtp_head(target.config, jax.random.key(3), scale=0.3), impl="xla").bind(target)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+def test_a_few_steps_lower_the_loss(setup, kind):
+    target, drafter, tokens, lengths = setup
+    if kind == "mtp":
+        drafter = _mtp(target)
+    state = training.init_state(drafter, CFG, jax.random.key(0))
+    losses = []
+    for _ in range(25):
+        state, metrics = training.train_step(state, drafter, target, tokens, lengths, cfg=CFG)
+        losses.append(float(metrics["total"]))
+    assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
+
+
+def test_gradients_equal_finite_differences(setup):
+    target, drafter, tokens, lengths = setup
+    features, labels = target_batch(target, drafter, tokens, lengths)
+    batch = dict(tokens=tokens, features=features, labels=labels, lengths=lengths,
+                 anchors=sample_anchors(jax.random.key(1), lengths, 4, 3))
+    params = training.trainable_params(drafter)
+
+    @jax.jit
+    def loss(p):
+        return training.loss_fn(p, drafter, batch, steps=3)[0]
+
+    grads = jax.grad(loss)(params)
+    direction = jax.tree.map(lambda x: jax.random.normal(jax.random.key(x.size), x.shape, x.dtype), params)
+    eps = 1e-3
+    plus = loss(jax.tree.map(lambda p, d: p + eps * d, params, direction))
+    minus = loss(jax.tree.map(lambda p, d: p - eps * d, params, direction))
+    numeric = (plus - minus) / (2 * eps)
+    analytic = sum(jnp.vdot(g, d) for g, d in zip(jax.tree.leaves(grads), jax.tree.leaves(direction)))
+    np.testing.assert_allclose(float(analytic), float(numeric), rtol=2e-3)
+
+
+def test_training_logits_are_the_drafting_logits(setup):
+    """Step 0 at row r is what prefill leaves for the first draft after a prompt of r + 1 tokens;
+    step j from that anchor is propose's step j when fed the same tokens (here: propose's own
+    samples, read back from the exact draft distributions it returns)."""
+    target, drafter, tokens, lengths = setup
+    anchor, steps = 9, 4
+    drafter = dataclasses.replace(drafter, impl="xla")
+    features, _ = target_batch(target, drafter, tokens[:1], lengths[:1])
+    prompt = tokens[:1, :anchor + 1]
+    state = drafter.prefill(PrefillContext(tokens=prompt, prompt_lengths=jnp.array([anchor + 1]),
+                                           features=tuple(f[:, :anchor + 1] for f in features),
+                                           next_token=tokens[:1, anchor + 1]), max_len=64)
+    params = SamplingParams(temperature=1.0)
+    ctx = RoundContext(history=tokens[:1], lengths=jnp.array([anchor + 1]), root=tokens[:1, anchor + 1],
+                       features=tuple(f[:, anchor] for f in features), target_kv=None)
+    drafts, probs, _ = drafter.propose(state, ctx, num_draft_tokens=steps, params=params, key=jax.random.key(3))
+    fed = tokens[:1].at[:, anchor + 2:anchor + 2 + steps].set(drafts)
+    first, later = training.step_logits(drafter, fed, features, jnp.array([[anchor]]), steps=steps)
+    logits = jnp.concatenate([first[:, anchor][None], later], axis=0)[:, 0]  # [steps, V_d]
+    want = jax.nn.softmax(drafter._draft_vocab_to_target(logits), axis=-1)
+    np.testing.assert_allclose(np.asarray(want), np.asarray(probs[0]), atol=1e-5)
+
+
+def test_a_resumed_run_equals_an_uninterrupted_one(setup, tmp_path):
+    target, drafter, tokens, lengths = setup
+    data = np.asarray(tokens), np.asarray(lengths)
+
+    def run(state, start, steps):
+        batches = training.data.batches(*data, 3, seed=7, start_step=start)
+        return training.train(state, drafter, target, batches, cfg=CFG, num_steps=steps)
+
+    straight = run(training.init_state(drafter, CFG, jax.random.key(0)), 0, 6)
+    half = run(training.init_state(drafter, CFG, jax.random.key(0)), 0, 3)
+    training.save_state(half, tmp_path / "ckpt", metadata=dict(note="test"))
+    resumed = training.restore_state(tmp_path / "ckpt", training.init_state(drafter, CFG, jax.random.key(9)))
+    assert int(resumed.step) == 3
+    resumed = run(resumed, 3, 3)
+    for a, b in zip(jax.tree.leaves(straight.params), jax.tree.leaves(resumed.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_an_exported_head_loads_and_drafts_losslessly(setup, tmp_path):
+    target, drafter, tokens, lengths = setup
+    state = training.init_state(drafter, CFG, jax.random.key(0))
+    for _ in range(5):
+        state, _ = training.train_step(state, drafter, target, tokens, lengths, cfg=CFG)
+    trained = training.with_params(drafter, state.params)
+    save_head(trained.head, tmp_path / "head", metadata=dict(steps=5))
+    loaded = Eagle3.load(tmp_path / "head")
+    for a, b in zip(jax.tree.leaves(trained.head), jax.tree.leaves(loaded.head), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    prompts = [[3, 1, 4, 1, 5], [2, 7]]
+    result = jspec.speculative_generate(target, loaded, prompts, 12, num_draft_tokens=3)
+    assert result.tokens == jspec.generate(target, prompts, 12)
+
+
+def test_data_windows_and_draft_vocabulary():
+    tokens, lengths = training.windows([[1] * 10, [2] * 3, list(range(20))], 8, min_tokens=3)
+    assert tokens.shape == (5, 8) and lengths.tolist() == [8, 3, 8, 8, 4]
+    assert tokens[1].tolist() == [2, 2, 2, 0, 0, 0, 0, 0]
+    d2t = training.draft_vocabulary([[5, 5, 5, 2, 2, 9], [9, 9, 9, 9]], 2, 12)
+    assert (np.arange(2) + np.asarray(d2t)).tolist() == [5, 9]  # the two most frequent ids, sorted
+    with pytest.raises(ValueError, match="draft vocabulary size"):
+        training.draft_vocabulary([[1]], 13, 12)
+    assert len(training.chat_prompts()) >= 200
