@@ -82,5 +82,10 @@ def test_tree_arguments_are_checked():
         jspec.speculative_generate(target, drafter, [[1, 2]], 4, num_draft_tokens=4, topk=2)
     with pytest.raises(ValueError, match="num_nodes"):
         jspec.speculative_generate(target, drafter, [[1, 2]], 4, num_draft_tokens=20, topk=2, depth=3)
+
+    class ChainOnly:  # the Drafter protocol's members, no propose_tree
+        capture = NGram().capture
+        check_compatible = bind = max_positions = prefill = propose = commit = staticmethod(lambda *a, **kw: None)
+
     with pytest.raises(ValueError, match="drafts chains only"):
-        jspec.speculative_generate(target, NGram(), [[1, 2]], 4, num_draft_tokens=4, topk=2, depth=2)
+        jspec.speculative_generate(target, ChainOnly(), [[1, 2]], 4, num_draft_tokens=4, topk=2, depth=2)
