@@ -58,7 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="directory for data, checkpoints and the head")
     p.add_argument("--data", type=_sources, default=("chat", "stdlib"), help="training sources (default: chat,stdlib)")
     p.add_argument("--chat-tokens", type=_positive_int, default=192, help="tokens the target writes per chat prompt")
-    p.add_argument("--stdlib-bytes", type=_positive_int, default=1_000_000, help="bytes of stdlib source to read")
+    p.add_argument("--chat-samples", type=_positive_int, default=1,
+                   help="answers per chat prompt: the greedy one, then sampled ones at --chat-temperature")
+    p.add_argument("--chat-temperature", type=float, default=0.8, help="temperature of the sampled answers")
+    p.add_argument("--stdlib-bytes", type=_positive_int, default=6_000_000, help="bytes of stdlib source to read")
     p.add_argument("--draft-vocab", type=_positive_int, default=8192, help="reduced draft vocabulary size")
     p.add_argument("--width", type=_positive_int, default=256, help="tokens per training window")
     p.add_argument("--batch", type=_positive_int, default=8, help="windows per step")
@@ -92,10 +95,15 @@ def build_data(args, target, tokenizer):
     sequences, origin = [], {}
     if "chat" in args.data:
         prompts = training.chat_prompts()
-        with tqdm(total=len(prompts), desc="chat data (the target writes)") as bar:
-            seqs, origin["chat"] = training.self_generated(target, tokenizer, prompts, new_tokens=args.chat_tokens,
-                                                           seed=args.seed, progress=bar.update)
-        sequences += seqs
+        described = []
+        with tqdm(total=len(prompts) * args.chat_samples, desc="chat data (the target writes)") as bar:
+            for sample in range(args.chat_samples):
+                seqs, about = training.self_generated(
+                    target, tokenizer, prompts, new_tokens=args.chat_tokens, seed=args.seed + sample,
+                    temperature=0.0 if sample == 0 else args.chat_temperature, progress=bar.update)
+                sequences += seqs
+                described.append(about)
+        origin["chat"] = "; ".join(described)
     if "stdlib" in args.data:
         seqs, origin["stdlib"] = training.stdlib_source(tokenizer, max_bytes=args.stdlib_bytes)
         sequences += seqs
