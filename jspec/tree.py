@@ -64,6 +64,22 @@ class DraftTree:
         return cls(tokens=jnp.asarray(tokens, jnp.int32), parents=parents, depths=depths, mask=mask)
 
 
+def feed_level(fed_mask: jax.Array, parent_slot: jax.Array, level, topk: int) -> tuple[jax.Array, jax.Array]:
+    """The ancestor mask among a drafter's fed rows once level ``level`` (traced, >= 1) of an
+    expansion is fed: its ``topk`` frontier nodes take rows ``first .. first + topk - 1`` with
+    ``first = (level - 1) * topk`` (``expand``'s ``fed_row``), each seeing itself and its parent's
+    row's ancestors (``parent_slot [batch, topk]``: the parent's row in the previous level; level 1's
+    parent is the root, which is not a fed row). ``fed_mask [batch, F, F]`` starts as the identity
+    (rows not fed yet see only themselves). Returns ``(fed_mask, first)``."""
+    num_fed = fed_mask.shape[-1]
+    first = (level - 1) * topk
+    rows = first + jnp.arange(topk, dtype=jnp.int32)
+    parent_rows = jnp.maximum(level - 2, 0) * topk + parent_slot  # [batch, topk]
+    ancestors = jnp.take_along_axis(fed_mask, parent_rows[:, :, None], axis=1) & (level > 1)
+    own = jax.nn.one_hot(rows, num_fed, dtype=bool)[None]  # [1, topk, F]
+    return jax.lax.dynamic_update_slice_in_dim(fed_mask, ancestors | own, first, axis=1), first
+
+
 def max_nodes(topk: int, depth: int) -> int:
     """Candidates an expansion records (the most nodes it can keep): ``topk + (depth-1) * topk**2``."""
     return topk + (depth - 1) * topk * topk

@@ -20,7 +20,7 @@ from jspec.kv import KVCache
 from jspec.models import AnyModel, forward
 from jspec.models.base import NO_CAPTURE, Capture
 from jspec.sampling import SamplingParams, probabilities, sample
-from jspec.tree import TreeShape, expand
+from jspec.tree import TreeShape, expand, feed_level
 
 
 @jax.tree_util.register_dataclass
@@ -100,12 +100,9 @@ class DraftModel:
 
         def step(carry, tokens, parent_slot, level):
             kv, fed_tokens, fed_mask = carry
-            rows = (level - 1) * topk + jnp.arange(topk, dtype=jnp.int32)  # this level's fed rows
-            parent_rows = jnp.maximum(level - 2, 0) * topk + parent_slot  # [batch, topk]
-            ancestors = jnp.take_along_axis(fed_mask, parent_rows[:, :, None], axis=1) & (level > 1)
-            own = jax.nn.one_hot(rows, num_fed, dtype=bool)[None]  # [1, topk, fed]
-            fed_mask = jax.lax.dynamic_update_slice_in_dim(fed_mask, ancestors | own, rows[0], axis=1)
-            fed_tokens = jax.lax.dynamic_update_slice_in_dim(fed_tokens, tokens, rows[0], axis=1)
+            fed_mask, first = feed_level(fed_mask, parent_slot, level, topk)
+            fed_tokens = jax.lax.dynamic_update_slice_in_dim(fed_tokens, tokens, first, axis=1)
+            rows = first + jnp.arange(topk, dtype=jnp.int32)  # this level's fed rows
             # Rows not fed yet see only themselves: their outputs are never read.
             level_logits, _, kv = forward(self.model, fed_tokens, kv.truncate(after_root), tree_mask=fed_mask,
                                           logits_rows=jnp.broadcast_to(rows, (batch, topk)), impl=self.impl)

@@ -20,6 +20,10 @@ features, equal to the target's committed length) and ``hidden``: the layer outp
   rows ``propose`` drafted are rolled back (the cache is truncated to ``base`` first).
 * propose: step 0 drafts from ``hidden`` (no forward: the catch-up was the seed step), steps
   ``1..k-1`` feed ``(d_i, recycled hidden)`` at positions ``L .. L+k-2`` in one ``lax.scan``.
+* propose_tree (``topk > 1``, ``jspec.tree.expand``): the root's children come from ``hidden``; a
+  node at tree depth ``d`` is fed with its parent's recycled hidden at position ``L + d - 1`` (where
+  the chain feeds ``d_d``), attending to the committed rows and its fed ancestors (tree mask). Its
+  rows lie past ``L`` like the chain's drafts, so ``commit`` is the same after either round.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from jspec.models import llama
 from jspec.models.llama import LlamaConfig, decoder_layer
 from jspec.rope import rope_cos_sin
 from jspec.sampling import SamplingParams, probabilities, sample
+from jspec.tree import DraftTree, TreeShape, expand, feed_level
 
 
 @jax.tree_util.register_dataclass
@@ -63,7 +68,7 @@ def require_llama_target(target, drafter: str) -> None:
 
 
 class HiddenStateDrafter:
-    """Mixin: prefill / propose / commit for a one-layer head over target features.
+    """Mixin: prefill / propose / propose_tree / commit for a one-layer head over target features.
 
     A subclass (a registered pytree dataclass) provides ``impl``, ``_layer``, ``_layer_config``,
     ``_layer_inputs(tokens, g, from_target)``, ``_recycle(x)``, ``head_logits(x)`` (fp32, draft
@@ -73,21 +78,26 @@ class HiddenStateDrafter:
 
     # --- the layer over rows ----------------------------------------------------------
 
-    def run_rows(self, kv: KVCache, tokens, g, *, from_target: bool, keep_rows=None):
+    def run_rows(self, kv: KVCache, tokens, g, *, from_target: bool, keep_rows=None, tree_mask=None):
         """Run rows ``tokens [B, T]`` / hidden ``g [B, T, F]`` at positions ``kv.lengths + 0..T-1``.
 
         Writes the K/V of all ``T`` rows; returns ``(x, kv)`` with ``x`` the layer output
         ``[B, T, H]`` (or ``[B, H]`` at ``keep_rows [B]``, sliced right after the K/V write)
-        and ``kv.lengths`` advanced by ``T``.
+        and ``kv.lengths`` advanced by ``T``. ``tree_mask [B, T, T]``: the rows attend to the
+        cached rows and to the rows the mask shows them, and sit at ``kv.lengths`` plus the rows
+        they see, minus one (a causal mask gives the chain's positions).
         """
         c: LlamaConfig = self._layer_config
         batch, num_rows = tokens.shape
-        positions = kv.lengths[:, None] + jnp.arange(num_rows, dtype=jnp.int32)[None, :]
+        if tree_mask is None:
+            positions = kv.lengths[:, None] + jnp.arange(num_rows, dtype=jnp.int32)[None, :]
+        else:
+            positions = kv.lengths[:, None] + jnp.sum(tree_mask, axis=-1, dtype=jnp.int32) - 1
         cos, sin = rope_cos_sin(positions, jnp.asarray(c.rope_inv_freq()), kv.k[0].dtype)
         resid, attn_in = self._layer_inputs(tokens, g, from_target)
         x, k_buf, v_buf = decoder_layer(
             self._layer, c, resid, kv.k[0], kv.v[0], kv.lengths, positions, cos, sin,
-            attn_input=attn_in, keep_rows=keep_rows, impl=self.impl,
+            attn_input=attn_in, keep_rows=keep_rows, tree_mask=tree_mask, impl=self.impl,
         )
         kv = KVCache(k=(k_buf,), v=(v_buf,), lengths=kv.lengths + num_rows)
         return (x[:, 0] if keep_rows is not None else x), kv
@@ -141,6 +151,54 @@ class HiddenStateDrafter:
             return draft_tokens, None, new_state
         draft_probs = jnp.concatenate([probs.transpose(1, 0, 2), last_probs[:, None]], axis=1)
         return draft_tokens, draft_probs, new_state
+
+    def log_probs(self, x):
+        """fp32 log-probabilities over the *target* vocabulary ``[..., V]`` of layer outputs
+        ``x [..., H]`` (``-inf`` off the draft vocabulary)."""
+        return jax.nn.log_softmax(self._draft_vocab_to_target(self.head_logits(x)), axis=-1)
+
+    def propose_tree(
+        self, dstate: HeadState, ctx: RoundContext, *, shape: TreeShape, params: SamplingParams, key
+    ) -> tuple[DraftTree, HeadState]:
+        """A draft tree (``jspec.tree.expand``) and the state ``commit`` takes, as after ``propose``.
+
+        The root's children come from ``dstate.hidden``. Level ``l``'s frontier node ``j`` is fed
+        with its parent's recycled hidden at draft row ``L + (l-1) * topk + j`` (``L`` committed
+        rows), position ``L + l - 1``. Each level reruns all fed rows with the ancestor mask among them (rows not
+        fed yet see only themselves and are never read): a tree mask covers only the rows of one
+        forward, so a level attends to earlier levels' rows by running them again, identically.
+        That keeps one fixed shape for every level, at the price of ``fed_rows`` rows per level
+        instead of ``topk``: one layer over a few dozen rows, small beside the target's verify.
+        """
+        del params, key  # tree drafts are the deterministic top-k children, whatever the sampling
+        draft_vocab = jax.eval_shape(self.head_logits, dstate.hidden).shape[-1]
+        if shape.topk > draft_vocab:
+            raise ValueError(f"topk={shape.topk} exceeds the draft vocabulary size {draft_vocab}")
+        batch, topk, num_fed = dstate.hidden.shape[0], shape.topk, shape.fed_rows
+        committed = dstate.kv.lengths
+
+        def step(carry, tokens, parent_slot, level):
+            kv, fed_tokens, fed_hidden, fed_mask, frontier_x = carry
+            fed_mask, first = feed_level(fed_mask, parent_slot, level, topk)
+            parent_x = jnp.take_along_axis(frontier_x, parent_slot[:, :, None], axis=1)  # [batch, topk, H]
+            fed_tokens = jax.lax.dynamic_update_slice_in_dim(fed_tokens, tokens, first, axis=1)
+            fed_hidden = jax.lax.dynamic_update_slice_in_dim(fed_hidden, self._recycle(parent_x), first, axis=1)
+            x, kv = self.run_rows(kv.truncate(committed), fed_tokens, fed_hidden, from_target=False,
+                                  tree_mask=fed_mask)
+            frontier_x = jax.lax.dynamic_slice_in_dim(x, first, topk, axis=1)
+            return self.log_probs(frontier_x), (kv, fed_tokens, fed_hidden, fed_mask, frontier_x)
+
+        recycled = jax.eval_shape(self._recycle, dstate.hidden)  # [batch, H], what a fed row reads as its hidden
+        carry = (
+            dstate.kv,
+            jnp.zeros((batch, num_fed), jnp.int32),
+            jnp.zeros((batch, num_fed, recycled.shape[-1]), recycled.dtype),
+            jnp.broadcast_to(jnp.eye(num_fed, dtype=bool), (batch, num_fed, num_fed)),
+            jnp.broadcast_to(dstate.hidden[:, None], (batch, topk, dstate.hidden.shape[-1])),  # level 1: the root's
+        )
+        tree, (kv, *_), _ = expand(self.log_probs(dstate.hidden), ctx.root, step, carry, topk=topk, depth=shape.depth,
+                                   num_nodes=shape.num_nodes)
+        return tree, HeadState(kv=kv, hidden=dstate.hidden)
 
     def commit(self, dstate: HeadState, ctx: CommitContext) -> HeadState:
         tokens = catch_up_tokens(ctx.verify_tokens, ctx.num_accepted, ctx.next_token)

@@ -14,6 +14,6 @@ from jspec.training.trainer import TrainConfig, TrainState, init_state, restore_
 
 __all__ = [
     "TrainConfig", "TrainState", "chat_prompts", "draft_vocabulary", "init_state", "loss_fn", "restore_state",
-    "save_state", "self_generated", "stdlib_source", "step_logits", "step_losses", "train", "train_step", "trainable_params",
-    "windows", "with_params",
+    "save_state", "self_generated", "stdlib_source", "step_logits", "step_losses", "train", "train_step",
+    "trainable_params", "windows", "with_params",
 ]
