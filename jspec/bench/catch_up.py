@@ -5,8 +5,10 @@ Random weights made on the device: a ``--target`` preset (default Llama-3.1-8B) 
 EAGLE-3-shaped head for it (one layer of the target's shapes reading 2 x hidden, fc 3 x hidden
 -> hidden, a 32k draft vocabulary). For each batch size (medians over repeats after warm-up):
 
-* ``round`` rows: one speculation round for each k in ``--ks`` against one plain decode step
-  (the round timing of ``spec``);
+* ``round`` rows: one speculation round for each k in ``--ks`` and each draft tree of ``--trees``
+  (EAGLE-2 expansion, ``propose_tree``) against one plain decode step (the round timing of
+  ``spec``); trees and the chains of ``--stages-k`` also get their propose (the draft time) and
+  verify timed alone;
 * ``catch_up`` rows: the draft catch-up over k+1 verify rows plus the head for the next first
   draft, in three variants: ``sliced`` (the library's: rows cut to the last accepted one right
   after the K/V write), ``layer_unsliced`` (the whole layer over all rows, the head on the kept
@@ -27,11 +29,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jspec.bench import report
-from jspec.bench.flags import common, subcommand
+from jspec.bench.flags import common, subcommand, tree_arg
 from jspec.bench.presets import is_tiny, load_target, weights_note
 from jspec.bench.spec import eagle3_drafter, measure_rounds
 from jspec.bench.timing import compile_all, time_steps
 from jspec.kv import KVCache
+from jspec.tree import TreeShape
 from pallas_kernels import gather_rows
 
 
@@ -87,7 +90,8 @@ def run(args):
     dtype = jnp.dtype(args.dtype)
     target = load_target(args.target, dtype, args.seed)
     drafter = eagle3_drafter(target, dtype, jax.random.key(args.seed + 1), args.impl)
-    max_len = -(-(args.context + (args.warmup + args.repeats + 2) * (max(args.ks) + 2) * 2) // 128) * 128
+    widest = max(args.ks + [max(t.num_nodes, t.fed_rows) for t in args.trees])
+    max_len = -(-(args.context + (args.warmup + args.repeats + 2) * (widest + 2) * 2) // 128) * 128
     env = report.environment(dtype, args.seed, weights=weights_note([args.target]))
     tags = dict(target=args.target, drafter="eagle3", context=args.context, impl=args.impl, cache_max_len=max_len)
     rows = []
@@ -106,7 +110,7 @@ def run(args):
         if not args.catch_up_only:
             rows += measure_rounds(target, drafter, b, args.context, args.ks, capacity=max_len, impl=args.impl,
                                    repeats=args.repeats, warmup=args.warmup, compile_threads=args.compile_threads,
-                                   tags=tags)
+                                   tags=tags, trees=args.trees, stages_k=tuple(args.stages_k) + tuple(args.trees))
             save()
         for k in tqdm(args.catch_up_ks, desc=f"catch-up (batch {b})"):
             row = dict(measure="catch_up", **tags, batch=b, k=k, timings={})
@@ -125,6 +129,7 @@ def run(args):
 
 
 TINY = dict(target=lambda t: t if is_tiny(t) else "tiny", dtype="float32", batches=[1], ks=[2], catch_up_ks=[2],
+            trees=[TreeShape(2, 2, 3)],
             context=32, warmup=1, repeats=2, catch_up_calls=2)
 
 
@@ -135,7 +140,10 @@ def register(subparsers):
                    description=__doc__, run=run, parents=[parent], tiny=TINY)
     c.add_argument("--target", default="llama-3.1-8b", help="target preset (the head takes its shapes)")
     c.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    c.add_argument("--ks", type=int, nargs="+", default=list(range(1, 9)), help="draft lengths k of the rounds")
+    c.add_argument("--ks", type=int, nargs="*", default=list(range(1, 9)), help="draft lengths k of the rounds")
+    c.add_argument("--stages-k", type=int, nargs="*", default=[], help="chains whose propose and verify are timed alone")
+    c.add_argument("--trees", type=tree_arg, nargs="*", default=[],
+                   help="TOPK:DEPTH:NODES draft trees whose round, propose and verify are timed (e.g. 4:6:32)")
     c.add_argument("--catch-up-ks", type=int, nargs="+", default=[1, 2, 4, 8])
     c.add_argument("--context", type=int, default=1024, help="tokens already in the cache")
     c.add_argument("--warmup", type=int, default=3)

@@ -86,7 +86,8 @@ def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repea
                    compile_threads=8, tags=None, trees=()) -> list[dict]:
     """``round`` rows: a round for each k, and for each tree (``jspec.tree.TreeShape``, its
     ``num_nodes`` drafts), a fresh state each, against a plain decode step. The round programs are
-    compiled first, in parallel threads."""
+    compiled first, in parallel threads. Chains with k in ``stages_k`` and trees in it also get
+    their propose and verify timed alone."""
     if not ks and not trees:
         return []
     shapes = {k: None for k in ks} | {tree: tree for tree in trees}
@@ -111,8 +112,8 @@ def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repea
         row = dict(measure="round", **(tags or {}), batch=batch, k=k, **shape, round_ms=round_s * 1e3,
                    decode_step_ms=decode_s * 1e3, overhead_ratio=round_s / decode_s,
                    timings=dict(round=timing.as_dict(), decode_step=decode_timing.as_dict()))
-        if tree is None and k in stages_k:  # what the round spends beyond its two big stages
-            stages = stage_times(target, drafter, state, k, impl=impl, repeats=repeats)
+        if key in stages_k:  # what the round spends beyond its two big stages
+            stages = stage_times(target, drafter, state, k, impl=impl, repeats=repeats, tree=tree)
             row.update(propose_ms=stages["propose"].median_s * 1e3, verify_ms=stages["verify"].median_s * 1e3)
             row["accept_commit_ms"] = row["round_ms"] - row["propose_ms"] - row["verify_ms"]
             row["timings"].update({name: t.as_dict() for name, t in stages.items()})
@@ -124,14 +125,20 @@ def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repea
     return rows
 
 
-def stage_times(target, drafter, state, k, *, impl, repeats):
-    """Propose and verify timed alone (state not donated: both are read-only here)."""
+def stage_times(target, drafter, state, k, *, impl, repeats, tree=None):
+    """Propose (``propose_tree`` for a ``tree``) and verify timed alone (state not donated: both
+    are read-only here); a tree's verify runs its own tree's mask."""
     ctx = RoundContext(state.history, state.target_kv.lengths, state.root, state.features, state.target_kv)
-    propose = jax.jit(lambda d, ds, c: d.propose(ds, c, num_draft_tokens=k, params=GREEDY, key=jax.random.key(0))[0])
+    key = jax.random.key(0)
+    if tree is None:
+        propose = jax.jit(lambda d, ds, c: d.propose(ds, c, num_draft_tokens=k, params=GREEDY, key=key)[0])
+    else:
+        propose = jax.jit(lambda d, ds, c: d.propose_tree(ds, c, shape=tree, params=GREEDY, key=key)[0])
+    mask = None if tree is None else propose(drafter, state.draft_state, ctx).mask
     tokens = jnp.zeros((state.history.shape[0], k + 1), jnp.int32)
     verify = decode.verify_pass(drafter.capture, impl)
     return dict(propose=time_fn(lambda: propose(drafter, state.draft_state, ctx), repeats=repeats),
-                verify=time_fn(lambda: verify(target, tokens, state.target_kv), repeats=repeats))
+                verify=time_fn(lambda: verify(target, tokens, state.target_kv, mask), repeats=repeats))
 
 
 def end_to_end(target, drafter, batch, args, tags) -> list[dict]:
