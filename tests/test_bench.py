@@ -98,10 +98,14 @@ def test_compile_tiny(tmp_path):
 
 
 def test_catch_up_tiny(tmp_path):
+    """EAGLE-3 rounds (a chain and a tree, the tree's propose and verify timed alone) and the
+    catch-up variants."""
     out = tmp_path / "catch_up.json"
     _bench("catch-up", "--tiny", "--out", out, "--ks", "2", "--catch-up-ks", "1", "3")
     result = _result(out)
-    assert [r["k"] for r in report.rows(result, "round")] == [2]
+    rounds = report.rows(result, "round")
+    assert [(r["k"], r.get("topk")) for r in rounds] == [(2, None), (3, 2)]  # the chain, the tiny tree 2:2:3
+    assert rounds[1]["propose_ms"] > 0 and rounds[1]["verify_ms"] > 0  # a tree's draft time, timed alone
     rows = report.rows(result, "catch_up")
     assert [r["k"] for r in rows] == [1, 3]
     assert all(set(r["timings"]) == set(catch_up.VARIANTS) and r["unsliced_over_sliced"] > 0 for r in rows)
