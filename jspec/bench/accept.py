@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 import jspec
 from jspec.bench import plots, report
 from jspec.bench.flags import common, subcommand
-from jspec.drafters import DraftModel, NGram
+from jspec.drafters import DraftModel, Eagle3, NGram
 from jspec.text import Tokenizer
 
 PROMPTS = Path(__file__).with_name("data") / "accept_prompts.json"
@@ -50,8 +50,8 @@ ROOT = Path(__file__).resolve().parents[2]
 class Experiment:
     name: str
     target: str  # a known model name, an HF directory or a GGUF file
-    drafter: str  # "draft-model" | "ngram"
-    draft: str | None = None
+    drafter: str  # "draft-model" | "ngram" | "eagle3"
+    draft: str | None = None  # the draft model, or the EAGLE-3 head directory (relative to the repository)
     temperature: float = 0.0
     max_ngram: int = 2  # HF prompt lookup's default n-gram size
     topk: int = 1  # > 1: a draft tree of depth ``depth`` and k nodes (no HF peer: HF drafts chains)
@@ -62,10 +62,22 @@ EXPERIMENTS = {e.name: e for e in (
     Experiment("qwen-1.5b/draft-0.5b", "qwen2.5-coder-1.5b-instruct", "draft-model", "qwen2.5-coder-0.5b-instruct"),
     Experiment("qwen-1.5b/draft-0.5b-tree", "qwen2.5-coder-1.5b-instruct", "draft-model",
                "qwen2.5-coder-0.5b-instruct", topk=2, depth=4),
+    Experiment("qwen-1.5b/draft-0.5b-tree-d6", "qwen2.5-coder-1.5b-instruct", "draft-model",
+               "qwen2.5-coder-0.5b-instruct", topk=2, depth=6),
+    Experiment("qwen-1.5b/draft-0.5b-t1", "qwen2.5-coder-1.5b-instruct", "draft-model",
+               "qwen2.5-coder-0.5b-instruct", temperature=1.0),
+    Experiment("qwen-1.5b/draft-0.5b-tree-t1", "qwen2.5-coder-1.5b-instruct", "draft-model",
+               "qwen2.5-coder-0.5b-instruct", temperature=1.0, topk=2, depth=4),
     Experiment("qwen-1.5b/ngram", "qwen2.5-coder-1.5b-instruct", "ngram"),
     Experiment("qwen-0.5b/ngram", "qwen2.5-coder-0.5b-instruct", "ngram"),
     Experiment("smollm2/ngram", "smollm2-135m-instruct", "ngram"),
+    # Branch-major n-gram trees: k = 3 is the chain of 3, k = 5 adds 2 nodes of a second match's continuation.
+    Experiment("qwen-1.5b/ngram-tree", "qwen2.5-coder-1.5b-instruct", "ngram", topk=2, depth=3),
+    Experiment("smollm2/ngram-tree", "smollm2-135m-instruct", "ngram", topk=2, depth=3),
     Experiment("smollm2/ngram-t1", "smollm2-135m-instruct", "ngram", temperature=1.0),
+    # The EAGLE-3 head trained by scripts/train_draft.py (its config.json says how).
+    Experiment("smollm2/eagle3", "smollm2-135m-instruct", "eagle3", "checkpoints/smollm2-eagle3"),
+    Experiment("smollm2/eagle3-t1", "smollm2-135m-instruct", "eagle3", "checkpoints/smollm2-eagle3", temperature=1.0),
 )}
 
 
@@ -101,8 +113,12 @@ def run_jspec(e: Experiment, prompts: list[dict], ks, new_tokens, seed, done, em
     if not todo:
         return ids
     target = jspec.io.load_model(target_path, dtype=jnp.float32)
-    drafter = NGram(max_ngram=e.max_ngram, match="earliest") if e.drafter == "ngram" else DraftModel(
-        jspec.io.load_model(e.draft, dtype=jnp.float32))
+    if e.drafter == "ngram":
+        drafter = NGram(max_ngram=e.max_ngram, match="earliest")
+    elif e.drafter == "eagle3":
+        drafter = Eagle3.load(ROOT / e.draft, dtype=jnp.float32)
+    else:
+        drafter = DraftModel(jspec.io.load_model(e.draft, dtype=jnp.float32))
     sampling = dict(temperature=e.temperature, key=jax.random.key(seed))
     batch, first = [ids[p["name"]] for p in prompts], [ids[prompts[0]["name"]]]
     plain, plain_s = timed(jspec.generate, target, batch, new_tokens, **sampling)
@@ -186,7 +202,7 @@ def run(args) -> int:
         e = EXPERIMENTS[name]
         mine_done = {(x, k) for x, _, k, m in done if m == "speed"}
         ids = run_jspec(e, prompts, args.k, args.new_tokens, args.seed, mine_done, emit)
-        if args.hf and e.temperature == 0 and e.topk == 1:
+        if args.hf and e.temperature == 0 and e.topk == 1 and e.drafter != "eagle3":  # HF has no EAGLE-3
             mine = [dict(r, prompt_ids=ids[r["prompt"]]) for r in rows
                     if r["measure"] == "jspec" and r["experiment"] == name and r["prompt"] in ids]
             hf_done = {(x, p, k) for x, p, k, m in done if m == "hf"}
