@@ -5,6 +5,7 @@ and drafts losslessly."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,11 @@ from jspec.drafters.base import PrefillContext, RoundContext
 from jspec.drafters.eagle3 import save_head
 from jspec.sampling import SamplingParams
 from jspec.training.trainer import sample_anchors, target_batch
+from tests.stats import assert_matches_distribution
+from tests.test_speculative import SAMPLING_VOCAB, _exact_joint
 from tests.tiny import eagle3_head, tiny_model
+
+ROOT = Path(__file__).resolve().parent.parent
 
 CFG = training.TrainConfig(learning_rate=3e-3, warmup_steps=5, total_steps=40, steps=3, anchors=6)
 
@@ -138,3 +143,41 @@ def test_data_windows_and_draft_vocabulary():
     with pytest.raises(ValueError, match="draft vocabulary size"):
         training.draft_vocabulary([[1]], 13, 12)
     assert len(training.chat_prompts()) >= 200
+
+
+def test_a_trained_head_samples_the_exact_target_distribution():
+    """A head trained a few steps (reduced vocabulary) drafts for rejection sampling: the output
+    still has exactly the target's distribution (chi-square on a tiny vocabulary)."""
+    target = tiny_model(11, vocab_size=SAMPLING_VOCAB, num_layers=4)
+    drafter = Eagle3(eagle3_head(12, target, draft_vocab=6), impl="xla").bind(target)
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, SAMPLING_VOCAB, (4, 16)), jnp.int32)
+    lengths = jnp.full((4,), 16, jnp.int32)
+    state = training.init_state(drafter, CFG, jax.random.key(0))
+    for _ in range(5):
+        state, _ = training.train_step(state, drafter, target, tokens, lengths, cfg=CFG)
+    trained = dataclasses.replace(training.with_params(drafter, state.params), impl="auto")
+    prompt, sampling = [1, 5, 1, 5, 2], dict(temperature=1.0)
+    result = jspec.speculative_generate(target, trained, [prompt] * 6_000, 3, num_draft_tokens=2,
+                                        key=jax.random.key(4), **sampling)
+    index = (np.array(result.tokens) * SAMPLING_VOCAB ** np.arange(2, -1, -1)).sum(axis=1)
+    assert_matches_distribution(index, _exact_joint(target, prompt, SamplingParams(**sampling)))
+
+
+def test_the_shipped_smollm2_head_drafts_losslessly_on_the_real_model(smollm2_gguf):
+    from jspec.text import Tokenizer
+
+    head = Eagle3.load(ROOT / "checkpoints" / "smollm2-eagle3", dtype=jnp.float32)
+    assert head.head.config.draft_vocab_size == 8192 and "data" in _config_metadata()
+    target = jspec.io.load_model(smollm2_gguf, dtype=jnp.float32)
+    tokenizer = Tokenizer.from_pretrained(smollm2_gguf)
+    prompts = [tokenizer.encode_chat([{"role": "user", "content": "Name three colours."}]),
+               tokenizer.encode("def add(a, b):\n    return")]
+    result = jspec.speculative_generate(target, head, prompts, 24, num_draft_tokens=4)
+    assert result.tokens == jspec.generate(target, prompts, 24)
+    assert (result.stats["mean_acceptance_length"] > 1.0).any()  # it drafts something the target keeps
+
+
+def _config_metadata() -> dict:
+    import json
+
+    return json.loads((ROOT / "checkpoints" / "smollm2-eagle3" / "config.json").read_text())["jspec"]
