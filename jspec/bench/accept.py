@@ -78,6 +78,9 @@ EXPERIMENTS = {e.name: e for e in (
     # The EAGLE-3 head trained by scripts/train_draft.py (its config.json says how).
     Experiment("smollm2/eagle3", "smollm2-135m-instruct", "eagle3", "checkpoints/smollm2-eagle3"),
     Experiment("smollm2/eagle3-t1", "smollm2-135m-instruct", "eagle3", "checkpoints/smollm2-eagle3", temperature=1.0),
+    Experiment("smollm2/eagle3-tree", "smollm2-135m-instruct", "eagle3", "checkpoints/smollm2-eagle3", topk=2, depth=3),
+    Experiment("smollm2/eagle3-tree-t1", "smollm2-135m-instruct", "eagle3", "checkpoints/smollm2-eagle3",
+               temperature=1.0, topk=2, depth=3),
 )}
 
 
