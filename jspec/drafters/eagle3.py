@@ -24,8 +24,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import jax
@@ -33,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.drafters.hidden_state import HiddenStateDrafter, require_llama_target
-from jspec.io.orbax import replace_directory
+from jspec.io.orbax import atomic_directory
 from jspec.io.safetensors import TensorReader, check_tensors, checkpoint_dtype, read_json, tensor_files
 from jspec.layers import linear, rms_norm
 from jspec.models.base import Capture, random_matrix, random_norm_weight
@@ -364,13 +362,7 @@ def save_head(head: Eagle3Head, path, *, metadata: dict | None = None) -> None:
         hf["aux_layers_hf_index"] = list(config.aux_layers)
     if metadata:
         hf["jspec"] = metadata
-    path = Path(path).absolute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.saving-", dir=path.parent))
-    try:
+    with atomic_directory(path) as staging:
         (staging / "config.json").write_text(json.dumps(hf, indent=2))
         save_file({name: np.ascontiguousarray(np.asarray(x)) for name, x in tensors.items()},
                   str(staging / "model.safetensors"), metadata={"format": "pt"})
-        replace_directory(staging, path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -49,28 +50,32 @@ def save(model: AnyModel, path, *, overwrite: bool = False) -> None:
     path = Path(path).absolute()
     if path.exists() and any(path.iterdir()) and not overwrite:
         raise FileExistsError(f"{path} exists and is not empty (pass overwrite=True to replace it)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.saving-", dir=path.parent))
-    try:
+    with atomic_directory(path) as staging:
         meta = {"config": config_to_dict(model.config), "dtype": np.dtype(model.dtype).name}
         (staging / _CONFIG_FILE).write_text(json.dumps(meta, indent=2))
         with ocp.StandardCheckpointer() as ckptr:
             ckptr.save(staging / _PARAMS_DIR, model, force=True)
             ckptr.wait_until_finished()
-        replace_directory(staging, path)
+
+
+@contextlib.contextmanager
+def atomic_directory(path):
+    """Yield a temporary directory beside ``path`` to write into; when the block ends normally it
+    is renamed to ``path`` (an existing ``path`` renamed aside first -- a crash in between leaves it
+    there, complete -- and deleted last), otherwise removed, leaving ``path`` as it was."""
+    path = Path(path).absolute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.saving-", dir=path.parent))
+    try:
+        yield staging
+        old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}") if path.exists() else None
+        if old is not None:
+            path.rename(old)
+        staging.rename(path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def replace_directory(new: Path, path: Path) -> None:
-    """Rename the finished directory ``new`` to ``path``; an existing ``path`` is renamed aside
-    first (a crash in between leaves it there, complete) and deleted last."""
-    old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}") if path.exists() else None
-    if old is not None:
-        path.rename(old)
-    new.rename(path)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def restore(path) -> AnyModel:

@@ -94,26 +94,18 @@ def train_step(state: TrainState, drafter, target, tokens, lengths, *, cfg: Trai
 
 
 def save_state(state: TrainState, path, *, metadata: dict | None = None) -> None:
-    """Write a training checkpoint (orbax, atomic: see ``jspec.io.orbax.replace_directory``)."""
+    """Write a training checkpoint (orbax, atomic: ``jspec.io.orbax.atomic_directory``)."""
     import json
-    import shutil
-    import tempfile
 
     import orbax.checkpoint as ocp
 
-    from jspec.io.orbax import replace_directory
+    from jspec.io.orbax import atomic_directory
 
-    path = Path(path).absolute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.saving-", dir=path.parent))
-    try:
+    with atomic_directory(path) as staging:
         (staging / "metadata.json").write_text(json.dumps(dict(metadata or {}, step=int(state.step)), indent=2))
         with ocp.StandardCheckpointer() as ckptr:
             ckptr.save(staging / "state", jax.tree.map(np.asarray, _storable(state)), force=True)
             ckptr.wait_until_finished()
-        replace_directory(staging, path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def restore_state(path, like: TrainState) -> TrainState:
