@@ -19,6 +19,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from jspec.cli import OneLineErrorParser, positive_int
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 # An editing task: the answer repeats much of the prompt, where n-gram prompt lookup drafts well.
 DEFAULT_PROMPT = (
@@ -28,21 +30,6 @@ DEFAULT_PROMPT = (
 )
 DTYPES = ("float32", "bfloat16", "float16")
 DRAFTERS = ("ngram", "draft-model")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage block
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _token_ids(text: str) -> list[int]:
@@ -56,7 +43,7 @@ def _token_ids(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineErrorParser(
         prog=Path(__file__).name, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default=DEFAULT_MODEL,
@@ -73,10 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                         help="wrap each --prompt as a user message in the model's chat template "
                              "(default: when the model has one)")
-    parser.add_argument("--max-new-tokens", type=_positive_int, default=64, help="(default: %(default)s)")
-    parser.add_argument("--num-draft-tokens", "-k", type=_positive_int, default=4,
+    parser.add_argument("--max-new-tokens", type=positive_int, default=64, help="(default: %(default)s)")
+    parser.add_argument("--num-draft-tokens", "-k", type=positive_int, default=4,
                         help="draft tokens verified per round (default: %(default)s)")
-    parser.add_argument("--max-ngram", type=_positive_int, default=3, help="longest n-gram the n-gram drafter matches")
+    parser.add_argument("--max-ngram", type=positive_int, default=3, help="longest n-gram the n-gram drafter matches")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     parser.add_argument("--top-k", type=int, default=None, help="sample from the k likeliest tokens only")
     parser.add_argument("--top-p", type=float, default=None, help="sample from the top-p probability mass only")

@@ -25,22 +25,9 @@ import json
 import time
 from pathlib import Path
 
+from jspec.cli import OneLineErrorParser, positive_int
+
 DEFAULT_TARGET = "smollm2-135m-instruct"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage block
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _sources(text: str) -> tuple[str, ...]:
@@ -52,28 +39,28 @@ def _sources(text: str) -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=Path(__file__).name, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineErrorParser(prog=Path(__file__).name, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=DEFAULT_TARGET, help="a known model name, a GGUF file or a checkpoint "
                                                             "directory (default: %(default)s)")
     p.add_argument("--out", type=Path, required=True, help="directory for data, checkpoints and the head")
     p.add_argument("--data", type=_sources, default=("chat", "stdlib"), help="training sources (default: chat,stdlib)")
-    p.add_argument("--chat-tokens", type=_positive_int, default=192, help="tokens the target writes per chat prompt")
-    p.add_argument("--chat-samples", type=_positive_int, default=1,
+    p.add_argument("--chat-tokens", type=positive_int, default=192, help="tokens the target writes per chat prompt")
+    p.add_argument("--chat-samples", type=positive_int, default=1,
                    help="answers per chat prompt: the greedy one, then sampled ones at --chat-temperature")
     p.add_argument("--chat-temperature", type=float, default=0.8, help="temperature of the sampled answers")
-    p.add_argument("--stdlib-bytes", type=_positive_int, default=6_000_000, help="bytes of stdlib source to read")
-    p.add_argument("--draft-vocab", type=_positive_int, default=8192, help="reduced draft vocabulary size")
-    p.add_argument("--width", type=_positive_int, default=256, help="tokens per training window")
-    p.add_argument("--batch", type=_positive_int, default=8, help="windows per step")
-    p.add_argument("--train-steps", type=_positive_int, default=2000, help="optimizer steps in all")
-    p.add_argument("--ttt", type=_positive_int, default=4, help="draft steps unrolled (training-time test)")
-    p.add_argument("--anchors", type=_positive_int, default=16, help="anchor rows per window for steps >= 1")
+    p.add_argument("--stdlib-bytes", type=positive_int, default=6_000_000, help="bytes of stdlib source to read")
+    p.add_argument("--draft-vocab", type=positive_int, default=8192, help="reduced draft vocabulary size")
+    p.add_argument("--width", type=positive_int, default=256, help="tokens per training window")
+    p.add_argument("--batch", type=positive_int, default=8, help="windows per step")
+    p.add_argument("--train-steps", type=positive_int, default=2000, help="optimizer steps in all")
+    p.add_argument("--ttt", type=positive_int, default=4, help="draft steps unrolled (training-time test)")
+    p.add_argument("--anchors", type=positive_int, default=16, help="anchor rows per window for steps >= 1")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW, warmup + cosine)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-every", type=int, default=500, help="held-out acceptance length every N steps (0: end)")
-    p.add_argument("--eval-prompts", type=_positive_int, default=12, help="held-out prompts evaluated")
-    p.add_argument("--eval-k", type=_positive_int, default=4, help="draft tokens per round in the evaluation")
-    p.add_argument("--checkpoint-every", type=_positive_int, default=250)
+    p.add_argument("--eval-prompts", type=positive_int, default=12, help="held-out prompts evaluated")
+    p.add_argument("--eval-k", type=positive_int, default=4, help="draft tokens per round in the evaluation")
+    p.add_argument("--checkpoint-every", type=positive_int, default=250)
     p.add_argument("--resume", action="store_true", help="continue from --out/checkpoint")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="training precision")
     p.add_argument("--export-dtype", choices=("float32", "bfloat16"), default="bfloat16", help="the head's dtype")
