@@ -157,8 +157,8 @@ def decode_attention(q, k, v, kv_lengths, *, q_positions, tail_mask=None, window
         batch, num_q, num_q_heads, head_dim = q.shape
         use = on_gpu() and use_pallas(batch, num_q, num_q_heads, k.shape[1], k.shape[2], head_dim, k.dtype)
         impl = "pallas" if use else "xla"
-    wide = use_wide_kernel(*q.shape[:3], *k.shape[1:3], q.shape[3], k.dtype, tail_mask=tail_mask, window=window)
-    if impl == "pallas" and on_gpu() and wide:
+    if impl == "pallas" and on_gpu() and use_wide_kernel(*q.shape[:3], *k.shape[1:3], q.shape[3], k.dtype,
+                                                           tail_mask=tail_mask, window=window):
         return decode_attention_wide(q, k, v, kv_lengths, q_positions=q_positions, scale=scale)
     if impl == "pallas":
         return decode_attention_pallas(
