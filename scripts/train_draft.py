@@ -1,17 +1,24 @@
 #!/usr/bin/env python
-"""Train an EAGLE-3 draft head for a target model with jspec, and export it in the HF layout.
+"""Train a draft head for a target model with jspec, and export it in the HF layout: EAGLE-3
+(--drafter eagle3, the default) or MTP / NextN (--drafter mtp: one extra decoder layer of the
+target's type, drafting with the target's own embedding and LM head).
 
 The target stays frozen; its features are computed on the fly by the same forward jspec decodes
 with, and the head's loss runs through the drafter's own inference functions (``jspec.training``),
 unrolled over --ttt draft steps (the EAGLE-3 paper's training-time test). Training data this
-machine has offline: chat turns the target writes itself for a committed prompt list (``chat``),
-and the Python standard library's source (``stdlib``). The reduced draft vocabulary (--draft-vocab
-ids) comes from the corpus' token frequencies.
+machine has offline: chat turns the target writes itself (``chat``: a greedy answer to each
+committed task prompt, then to prompts that hand it a passage to rewrite, summarise or comment -- its
+own answers and standard-library functions -- so that the head learns to copy from context; then
+--chat-samples - 1 sampled answers to all of them), and the Python standard library's source
+(``stdlib``). The loss distils the target's next-token distribution (--hard-labels: its greedy token). EAGLE-3's reduced draft vocabulary
+(--draft-vocab ids) comes from the corpus' token frequencies; MTP drafts over the whole vocabulary.
 
 Everything goes under --out: ``data.npz`` (the tokenised corpus, built once), ``checkpoint/``
 (the training state every --checkpoint-every steps; --resume continues from it, and a resumed run
 takes the same batches as an uninterrupted one), ``head/`` (the final head: ``config.json`` +
-``model.safetensors``, loadable with ``jspec.drafters.Eagle3.load``). A progress bar shows the loss
+``model.safetensors``: EAGLE-3's ``LlamaForCausalLMEagle3`` layout, loadable with
+``jspec.drafters.Eagle3.load``, or the MTP layer of a DeepSeek-V3-layout checkpoint, loadable with
+``jspec.drafters.MTP.load`` and meant to join the target's weights). A progress bar shows the loss
 and the top-1 accuracy of each draft step; every --eval-every steps the held-out acceptance length
 (greedy, the benchmark's prompts) is printed. Deterministic for a --seed.
 
@@ -43,11 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=DEFAULT_TARGET, help="a known model name, a GGUF file or a checkpoint "
                                                             "directory (default: %(default)s)")
     p.add_argument("--out", type=Path, required=True, help="directory for data, checkpoints and the head")
+    p.add_argument("--drafter", choices=("eagle3", "mtp"), default="eagle3",
+                   help="the head trained (default: %(default)s); mtp uses the target's LM head, so --draft-vocab "
+                        "is ignored")
     p.add_argument("--data", type=_sources, default=("chat", "stdlib"), help="training sources (default: chat,stdlib)")
     p.add_argument("--chat-tokens", type=positive_int, default=192, help="tokens the target writes per chat prompt")
     p.add_argument("--chat-samples", type=positive_int, default=1,
                    help="answers per chat prompt: the greedy one, then sampled ones at --chat-temperature")
     p.add_argument("--chat-temperature", type=float, default=0.8, help="temperature of the sampled answers")
+    p.add_argument("--generate-batch", type=positive_int, default=32, help="prompts per generate call (the GPU "
+                                                                           "takes hundreds)")
     p.add_argument("--stdlib-bytes", type=positive_int, default=6_000_000, help="bytes of stdlib source to read")
     p.add_argument("--draft-vocab", type=positive_int, default=8192, help="reduced draft vocabulary size")
     p.add_argument("--width", type=positive_int, default=256, help="tokens per training window")
@@ -55,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-steps", type=positive_int, default=2000, help="optimizer steps in all")
     p.add_argument("--ttt", type=positive_int, default=4, help="draft steps unrolled (training-time test)")
     p.add_argument("--anchors", type=positive_int, default=16, help="anchor rows per window for steps >= 1")
+    p.add_argument("--hard-labels", action="store_true", help="train on the target's greedy token only (default: "
+                                                                  "distil its whole next-token distribution)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW, warmup + cosine)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-every", type=int, default=500, help="held-out acceptance length every N steps (0: end)")
@@ -81,15 +95,26 @@ def build_data(args, target, tokenizer):
         return sequences, json.loads(str(stored["origin"]))
     sequences, origin = [], {}
     if "chat" in args.data:
-        prompts = training.chat_prompts()
-        described = []
-        with tqdm(total=len(prompts) * args.chat_samples, desc="chat data (the target writes)") as bar:
-            for sample in range(args.chat_samples):
-                seqs, about = training.self_generated(
+        with tqdm(desc="chat data (the target writes)", unit=" turns") as bar:
+            def answers(prompts, sample):  # sample 0 greedy, the others at --chat-temperature
+                return training.self_generated(
                     target, tokenizer, prompts, new_tokens=args.chat_tokens, seed=args.seed + sample,
-                    temperature=0.0 if sample == 0 else args.chat_temperature, progress=bar.update)
+                    batch_size=args.generate_batch, temperature=0.0 if sample == 0 else args.chat_temperature,
+                    progress=bar.update)
+
+            tasks = training.chat_prompts()
+            greedy, described = answers(tasks, 0)
+            texts = (_answer_text(tokenizer, p, s) for p, s in zip(tasks, greedy))
+            prose = [text for text in texts if "```" not in text]  # code answers are left to the stdlib's
+            code = training.stdlib_functions(len(prose), seed=args.seed)
+            transforms = training.transform_prompts(prose, code, seed=args.seed)
+            transformed, about = answers(transforms, 0)
+            sequences += greedy + transformed
+            described = [f"task prompts: {described}", f"passage transforms: {about}"]
+            for sample in range(1, args.chat_samples):
+                seqs, about = answers(tasks + transforms, sample)
                 sequences += seqs
-                described.append(about)
+                described.append(f"tasks and transforms, sample {sample}: {about}")
         origin["chat"] = "; ".join(described)
     if "stdlib" in args.data:
         seqs, origin["stdlib"] = training.stdlib_source(tokenizer, max_bytes=args.stdlib_bytes)
@@ -102,17 +127,32 @@ def build_data(args, target, tokenizer):
     return sequences, origin
 
 
-def new_drafter(target, d2t, key, dtype):
-    """A random EAGLE-3 head shaped like one of the target's layers, reading its [2, L//2, L-3] layers."""
+def _answer_text(tokenizer, prompt: str, sequence: list[int]) -> str:
+    """The target's answer in ``sequence`` (the chat-templated ``prompt`` + generated ids), up to its
+    end of turn."""
+    answer = sequence[len(tokenizer.encode_chat([{"role": "user", "content": prompt}])):]
+    ends = [i for i, t in enumerate(answer) if t in tokenizer.eos_ids]
+    return tokenizer.decode(answer[:ends[0]] if ends else answer, skip_special_tokens=True)
+
+
+def new_drafter(kind, target, d2t, key, dtype):
+    """A random --drafter ``kind`` head bound to ``target``, and the ``save_head`` that exports it.
+
+    ``eagle3``: shaped like one of the target's layers, reading its [2, L//2, L-3] layers, drafting
+    over the vocabulary ``d2t``. ``mtp``: one layer of the target's type on its last hidden state,
+    drafting with the target's embedding and LM head (``d2t`` unused).
+    """
     import dataclasses
 
-    from jspec.drafters import Eagle3, Eagle3Config, init_eagle3_head
+    from jspec.drafters import MTP, Eagle3, Eagle3Config, eagle3, init_eagle3_head, init_mtp_head, mtp
 
     c = target.config
+    if kind == "mtp":
+        return MTP(init_mtp_head(c, key, dtype), impl="xla").bind(target), mtp.save_head
     layer = dataclasses.replace(c, num_layers=1, tie_word_embeddings=False)
     config = Eagle3Config(layer=layer, draft_vocab_size=d2t.shape[0], target_hidden_size=c.hidden_size)
     head = dataclasses.replace(init_eagle3_head(config, key, dtype), d2t=d2t if d2t.shape[0] < c.vocab_size else None)
-    return Eagle3(head, impl="xla").bind(target)
+    return Eagle3(head, impl="xla").bind(target), eagle3.save_head
 
 
 def held_out_acceptance(target, drafter, tokenizer, args) -> float:
@@ -136,7 +176,6 @@ def main(argv=None) -> int:
 
     import jspec
     from jspec import training
-    from jspec.drafters.eagle3 import save_head
     from jspec.text import Tokenizer
 
     dtype = jnp.dtype(args.dtype)
@@ -148,20 +187,23 @@ def main(argv=None) -> int:
     tokens, lengths = training.windows(sequences, args.width)
     if len(tokens) < args.batch:
         raise SystemExit(f"{Path(__file__).name}: error: the corpus gives {len(tokens)} windows, fewer than --batch")
-    d2t = training.draft_vocabulary(sequences, min(args.draft_vocab, target.config.vocab_size),
-                                    target.config.vocab_size)
+    vocab = target.config.vocab_size  # an MTP head drafts over all of it (the target's LM head)
+    d2t = training.draft_vocabulary(sequences, vocab if args.drafter == "mtp" else min(args.draft_vocab, vocab), vocab)
     key = jax.random.key(args.seed)
-    drafter = new_drafter(target, d2t, jax.random.fold_in(key, 1), dtype)
+    drafter, save_head = new_drafter(args.drafter, target, d2t, jax.random.fold_in(key, 1), dtype)
     cfg = training.TrainConfig(learning_rate=args.lr, total_steps=args.train_steps, steps=args.ttt,
-                               anchors=args.anchors, warmup_steps=min(100, args.train_steps // 10))
+                               anchors=args.anchors, warmup_steps=min(100, args.train_steps // 10),
+                               soft_labels=not args.hard_labels)
     state = training.init_state(drafter, cfg, jax.random.fold_in(key, 2))
     checkpoint = args.out / "checkpoint"
     if args.resume and checkpoint.exists():
         state = training.restore_state(checkpoint, state)
+        started -= json.loads((checkpoint / "metadata.json").read_text()).get("wall_s", 0.0)  # earlier runs' time
     start = int(state.step)
     metadata = dict(data=origin, windows=int(len(tokens)), width=args.width, draft_vocab=int(d2t.shape[0]),
-                    ttt_steps=args.ttt, batch=args.batch, learning_rate=args.lr, seed=args.seed,
-                    device=str(jax.devices()[0].device_kind), target=args.target)
+                    ttt_steps=args.ttt, batch=args.batch, soft_labels=not args.hard_labels, learning_rate=args.lr,
+                    seed=args.seed,
+                    device=str(jax.devices()[0].device_kind), target=args.target, drafter=args.drafter)
     bar = tqdm(total=args.train_steps, initial=start, desc="training")
 
     def after_step(state, metrics):
@@ -173,7 +215,7 @@ def main(argv=None) -> int:
             al = held_out_acceptance(target, training.with_params(drafter, state.params), tokenizer, args)
             tqdm.write(f"step {step}: held-out acceptance length {al:.2f} (k={args.eval_k}, greedy)")
         if step % args.checkpoint_every == 0 or step == args.train_steps:
-            training.save_state(state, checkpoint, metadata=metadata)
+            training.save_state(state, checkpoint, metadata=dict(metadata, wall_s=round(time.time() - started, 1)))
 
     batches = training.data.batches(tokens, lengths, args.batch, seed=args.seed, start_step=start)
     state = training.train(state, drafter, target, batches, cfg=cfg, num_steps=args.train_steps - start,

@@ -1,22 +1,27 @@
 """MTP / NextN drafter: parity with transformers' MtpLayer around the target's decoder layer
 in the DeepSeek-V3 and Qwen3-Next tensor layouts, greedy losslessness, catch-up correctness,
-checkpoint validation."""
+checkpoint validation, export (``save_head``) and the HF config it writes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
 import jspec
 from jspec.drafters import MTP, MTPHead, init_mtp_head
+from jspec.drafters.mtp import save_head
+from jspec.models.llama import RopeScaling, from_hf_config, to_hf_config
+from jspec.models.llama.weights import is_mtp_tensor
 from tests import hf_oracle
 from tests.hidden_drafters import check_catch_up, check_greedy_lossless, check_parity
-from tests.tiny import tiny_model
+from tests.tiny import TINY, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +96,57 @@ def test_bad_checkpoints_raise(mtp_dir, tmp_path):
         jspec.speculative_generate(tiny_model(0), MTP(head), [[1, 2]], 4)
     with pytest.raises(ValueError, match="input_hidden must be one of"):
         MTP(head, input_hidden="post")
+
+
+# One config of each family the HF config.json can describe.
+FAMILIES = {
+    "llama3": dataclasses.replace(TINY, rope_scaling=RopeScaling(8.0, 1.0, 4.0, 64)),
+    "qwen2": dataclasses.replace(TINY, qkv_bias=True, tie_word_embeddings=True, architecture="Qwen2ForCausalLM"),
+    "qwen3": dataclasses.replace(TINY, qk_norm=True, rms_norm_eps=1e-6, architecture="Qwen3ForCausalLM"),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_to_hf_config_is_the_inverse_of_from_hf_config(family):
+    config = FAMILIES[family]
+    hf = json.loads(json.dumps(to_hf_config(config)))  # plain JSON
+    assert from_hf_config(hf) == config
+
+
+def test_to_hf_config_refuses_flags_its_architecture_does_not_have():
+    with pytest.raises(ValueError, match="do not match LlamaForCausalLM"):
+        to_hf_config(dataclasses.replace(TINY, qkv_bias=True))
+
+
+@pytest.mark.parametrize("family, dtype", [("llama3", jnp.float32), ("qwen2", jnp.bfloat16), ("qwen3", jnp.float32)])
+def test_a_saved_head_loads_back_exactly(family, dtype, tmp_path):
+    head = init_mtp_head(FAMILIES[family], jax.random.key(1), dtype)
+    save_head(head, tmp_path / "head", metadata=dict(steps=3))
+    loaded = MTP.load(tmp_path / "head").head
+    assert loaded.config == head.config and loaded.layout == "deepseek" and loaded.eh_proj.dtype == dtype
+    _assert_equal_leaves(head, loaded)
+    cfg = json.loads((tmp_path / "head" / "config.json").read_text())
+    assert cfg["num_nextn_predict_layers"] == 1 and cfg["jspec"] == dict(steps=3)
+    L = head.config.num_layers  # only the MTP layer's tensors, at the index after the target's layers
+    assert all(name.startswith(f"model.layers.{L}.") for name in load_file(tmp_path / "head" / "model.safetensors"))
+
+
+@pytest.mark.parametrize("case", ["mtp-deepseek", "mtp-qwen"])
+def test_a_saved_head_dropped_beside_the_target_weights_loads_from_the_target_directory(mtp_dir, case, tmp_path):
+    """The target checkpoint with its MTP tensors replaced by the exported file (renamed, as a
+    second shard): the target loads as before and the MTP head is the exported one."""
+    head = MTP.load(mtp_dir / case).head
+    save_head(head, tmp_path / "head")
+    cfg = json.loads((mtp_dir / case / "config.json").read_text())
+    own = _rewrite(mtp_dir / case, tmp_path / "target",
+                   lambda t: {k: v for k, v in t.items() if not is_mtp_tensor(k, cfg)})
+    shutil.copy(tmp_path / "head" / "model.safetensors", own / "mtp.safetensors")
+    loaded = MTP.load(own).head
+    assert loaded.layout == "deepseek" and loaded.config == head.config
+    _assert_equal_leaves(head, loaded)
+    _assert_equal_leaves(jspec.load_hf(mtp_dir / case), jspec.load_hf(own))
+
+
+def _assert_equal_leaves(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

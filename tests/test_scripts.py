@@ -5,6 +5,7 @@ benchmarks' tiny runs are in test_bench.py.)"""
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -58,18 +59,24 @@ def test_main_job_on_smollm2(smollm2_gguf):
     assert re.search(r"^[\d.]+ tokens/s \([\d.]+x plain\)", spec.split(", ", 1)[1])
 
 
-def test_train_draft_trains_exports_and_resumes_on_smollm2(smollm2_gguf, tmp_path):
+@pytest.mark.parametrize("drafter, vocab", [("eagle3", 1024), ("mtp", 49152)])  # MTP: the target's whole vocabulary
+def test_train_draft_trains_exports_and_resumes_on_smollm2(smollm2_gguf, tmp_path, drafter, vocab):
     """A tiny training run on stdlib source: progress, held-out acceptance, a loadable HF head;
     run again with --resume and more steps, it continues from its checkpoint."""
-    args = [ROOT / "scripts" / "train_draft.py", "--out", tmp_path, "--data", "stdlib", "--stdlib-bytes", "20000",
-            "--width", "64", "--batch", "2", "--ttt", "2", "--anchors", "4", "--draft-vocab", "1024",
-            "--eval-every", "0", "--eval-prompts", "1", "--checkpoint-every", "2"]
+    args = [ROOT / "scripts" / "train_draft.py", "--out", tmp_path, "--drafter", drafter, "--data", "stdlib",
+            "--stdlib-bytes", "20000", "--width", "64", "--batch", "2", "--ttt", "2", "--anchors", "4",
+            "--draft-vocab", "1024", "--eval-every", "0", "--eval-prompts", "1", "--checkpoint-every", "2"]
     out = _ok(*args, "--train-steps", "2")
     assert re.search(r"held-out acceptance length \d+\.\d\d", out)
-    from jspec.drafters import Eagle3
+    import jax
+    import jax.numpy as jnp
 
-    head = Eagle3.load(tmp_path / "head").head
-    assert head.config.draft_vocab_size == 1024 and head.fc.dtype.name == "bfloat16"
+    from jspec.drafters import MTP, Eagle3
+
+    head = {"eagle3": Eagle3, "mtp": MTP}[drafter].load(tmp_path / "head").head
+    assert {x.dtype.name for x in jax.tree.leaves(head) if jnp.issubdtype(x.dtype, jnp.floating)} == {"bfloat16"}
+    config = json.loads((tmp_path / "head" / "config.json").read_text())
+    assert config.get("draft_vocab_size", config["vocab_size"]) == config["jspec"]["draft_vocab"] == vocab
     proc = _run(*args, "--train-steps", "4", "--resume")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2/4" in proc.stderr  # the progress bar starts where the checkpoint left off

@@ -14,9 +14,8 @@ import pytest
 
 import jspec
 from jspec import training
-from jspec.drafters import MTP, Eagle3, init_mtp_head
+from jspec.drafters import MTP, Eagle3, eagle3, init_mtp_head, mtp
 from jspec.drafters.base import PrefillContext, RoundContext
-from jspec.drafters.eagle3 import save_head
 from jspec.sampling import SamplingParams
 from jspec.training.trainer import sample_anchors, target_batch
 from tests.stats import assert_matches_distribution
@@ -57,11 +56,11 @@ def test_a_few_steps_lower_the_loss(setup, kind):
     assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
 
 
-def test_gradients_equal_finite_differences(setup):
+@pytest.mark.parametrize("soft_labels", [False, True])
+def test_gradients_equal_finite_differences(setup, soft_labels):
     target, drafter, tokens, lengths = setup
-    features, labels = target_batch(target, drafter, tokens, lengths)
-    batch = dict(tokens=tokens, features=features, labels=labels, lengths=lengths,
-                 anchors=sample_anchors(jax.random.key(1), lengths, 4, 3))
+    batch = target_batch(target, drafter, tokens, lengths, soft_labels=soft_labels)
+    batch["anchors"] = sample_anchors(jax.random.key(1), lengths, 4, 3)
     params = training.trainable_params(drafter)
 
     @jax.jit
@@ -85,15 +84,8 @@ def test_training_logits_are_the_drafting_logits(setup):
     target, drafter, tokens, lengths = setup
     anchor, steps = 9, 4
     drafter = dataclasses.replace(drafter, impl="xla")
-    features, _ = target_batch(target, drafter, tokens[:1], lengths[:1])
-    prompt = tokens[:1, :anchor + 1]
-    state = drafter.prefill(PrefillContext(tokens=prompt, prompt_lengths=jnp.array([anchor + 1]),
-                                           features=tuple(f[:, :anchor + 1] for f in features),
-                                           next_token=tokens[:1, anchor + 1]), max_len=64)
-    params = SamplingParams(temperature=1.0)
-    ctx = RoundContext(history=tokens[:1], lengths=jnp.array([anchor + 1]), root=tokens[:1, anchor + 1],
-                       features=tuple(f[:, anchor] for f in features), target_kv=None)
-    drafts, probs, _ = drafter.propose(state, ctx, num_draft_tokens=steps, params=params, key=jax.random.key(3))
+    features = target_batch(target, drafter, tokens[:1], lengths[:1])["features"]
+    drafts, probs = _propose(drafter, tokens[:1], features, anchor, steps, SamplingParams(temperature=1.0))
     fed = tokens[:1].at[:, anchor + 2:anchor + 2 + steps].set(drafts)
     first, later = training.step_logits(drafter, fed, features, jnp.array([[anchor]]), steps=steps)
     logits = jnp.concatenate([first[:, anchor][None], later], axis=0)[:, 0]  # [steps, V_d]
@@ -119,16 +111,35 @@ def test_a_resumed_run_equals_an_uninterrupted_one(setup, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_an_exported_head_loads_and_drafts_losslessly(setup, tmp_path):
+def _propose(drafter, tokens, features, anchor, steps, params):
+    """``(drafts [batch, steps], probs)`` of ``propose`` after prefilling ``tokens[:, :anchor + 1]``
+    (next token ``tokens[:, anchor + 1]``); ``features``: the target's capture over ``tokens``."""
+    batch = tokens.shape[0]
+    state = drafter.prefill(PrefillContext(tokens=tokens[:, :anchor + 1], prompt_lengths=jnp.full((batch,), anchor + 1),
+                                           features=tuple(f[:, :anchor + 1] for f in features),
+                                           next_token=tokens[:, anchor + 1]), max_len=64)
+    ctx = RoundContext(history=tokens, lengths=jnp.full((batch,), anchor + 1), root=tokens[:, anchor + 1],
+                       features=tuple(f[:, anchor] for f in features), target_kv=None)
+    drafts, probs, _ = drafter.propose(state, ctx, num_draft_tokens=steps, params=params, key=jax.random.key(3))
+    return drafts, probs
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+def test_an_exported_head_loads_and_drafts_losslessly(setup, tmp_path, kind):
+    """save_head -> load gives the trained tensors and the same drafts; speculation with it is lossless."""
     target, drafter, tokens, lengths = setup
+    drafter, module = (drafter, eagle3) if kind == "eagle3" else (_mtp(target), mtp)
     state = training.init_state(drafter, CFG, jax.random.key(0))
     for _ in range(5):
         state, _ = training.train_step(state, drafter, target, tokens, lengths, cfg=CFG)
     trained = training.with_params(drafter, state.params)
-    save_head(trained.head, tmp_path / "head", metadata=dict(steps=5))
-    loaded = Eagle3.load(tmp_path / "head")
+    module.save_head(trained.head, tmp_path / "head", metadata=dict(steps=5))
+    loaded = type(drafter).load(tmp_path / "head", impl="xla").bind(target)
     for a, b in zip(jax.tree.leaves(trained.head), jax.tree.leaves(loaded.head), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    features = target_batch(target, drafter, tokens, lengths)["features"]
+    drafts = [_propose(d, tokens, features, 9, 4, SamplingParams())[0] for d in (trained, loaded)]
+    np.testing.assert_array_equal(*drafts)
     prompts = [[3, 1, 4, 1, 5], [2, 7]]
     result = jspec.speculative_generate(target, loaded, prompts, 12, num_draft_tokens=3)
     assert result.tokens == jspec.generate(target, prompts, 12)
@@ -143,6 +154,15 @@ def test_data_windows_and_draft_vocabulary():
     with pytest.raises(ValueError, match="draft vocabulary size"):
         training.draft_vocabulary([[1]], 13, 12)
     assert len(training.chat_prompts()) >= 200
+
+
+def test_transform_prompts_hand_the_target_a_passage_to_work_on():
+    code = training.stdlib_functions(3, seed=1)
+    assert len(code) == 3 and all(c.startswith("def ") and 150 <= len(c) <= 800 for c in code)
+    assert code == training.stdlib_functions(3, seed=1)  # deterministic for a seed
+    prompts = training.transform_prompts(["The river runs to the sea."], code, seed=0)
+    assert len(prompts) == 4 and "The river runs to the sea." in prompts[0] and "```" not in prompts[0]
+    assert all(c in p and "```python" in p for c, p in zip(code, prompts[1:]))
 
 
 def test_a_trained_head_samples_the_exact_target_distribution():

@@ -7,29 +7,15 @@ difference method ``(n - 1) / (T(n) - T(1))`` so prefill cancels out.
 from __future__ import annotations
 
 from jspec.bench.timing import time_fn, torch_sync
-from jspec.models.llama import LlamaConfig
+from jspec.models.llama import LlamaConfig, to_hf_config
 
 
 def hf_config(c: LlamaConfig):
+    """``(transformers config, model class)`` for ``c``'s architecture."""
     import transformers
 
-    kwargs = dict(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim, max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
-        tie_word_embeddings=c.tie_word_embeddings,
-    )
-    rope = {"rope_type": "default", "rope_theta": c.rope_theta}
-    if c.rope_scaling is not None:
-        s = c.rope_scaling
-        rope = {"rope_type": "llama3", "rope_theta": c.rope_theta, "factor": s.factor,
-                "low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
-                "original_max_position_embeddings": s.original_max_position_embeddings}
-    if c.architecture == "Qwen3ForCausalLM":
-        return transformers.Qwen3Config(**kwargs, rope_parameters=rope), transformers.Qwen3ForCausalLM
-    if c.architecture == "Qwen2ForCausalLM":
-        return transformers.Qwen2Config(**kwargs, rope_parameters=rope), transformers.Qwen2ForCausalLM
-    return transformers.LlamaConfig(**kwargs, rope_parameters=rope), transformers.LlamaForCausalLM
+    config_class = getattr(transformers, c.architecture.removesuffix("ForCausalLM") + "Config")
+    return config_class(**to_hf_config(c)), getattr(transformers, c.architecture)
 
 
 def make_model(c: LlamaConfig, seed: int):

@@ -26,7 +26,8 @@ Checkpoints: the MTP tensors live inside the *target* checkpoint (``jspec.load_h
 them, as transformers does). Two layouts: DeepSeek-V3 ``model.layers.{L}.{enorm, hnorm,
 eh_proj, shared_head.norm, <decoder layer>}`` (``L = num_hidden_layers``; the duplicated
 ``embed_tokens`` / ``shared_head.head`` are skipped) and Qwen3-Next / Qwen3.5 ``mtp.{fc,
-pre_fc_norm_embedding, pre_fc_norm_hidden, norm, layers.0.<decoder layer>}``. Usage::
+pre_fc_norm_embedding, pre_fc_norm_hidden, norm, layers.0.<decoder layer>}``. :func:`save_head`
+writes a (trained) head in the DeepSeek layout. Usage::
 
     target = jspec.load_hf(path)
     drafter = jspec.drafters.MTP.load(path)  # the MTP tensors of the same checkpoint
@@ -36,18 +37,21 @@ pre_fc_norm_embedding, pre_fc_norm_hidden, norm, layers.0.<decoder layer>}``. Us
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jspec.drafters.hidden_state import HiddenStateDrafter, require_llama_target
+from jspec.io.orbax import atomic_directory
 from jspec.io.safetensors import TensorReader, check_tensors, checkpoint_dtype, read_json, tensor_files
 from jspec.layers import linear, rms_norm
 from jspec.models.base import Capture, lm_head, random_matrix, random_norm_weight
-from jspec.models.llama import Layer, LlamaConfig, Model, from_hf_config, init_layer
-from jspec.models.llama.weights import layer_tensors, read_layer
+from jspec.models.llama import Layer, LlamaConfig, Model, from_hf_config, init_layer, to_hf_config
+from jspec.models.llama.weights import layer_arrays, layer_tensors, read_layer
 
 _HIDDEN_CHOICES = ("post_norm", "pre_norm")
 # Fields of the target config the MTP block depends on.
@@ -228,3 +232,33 @@ def load_head(path, *, dtype=None) -> MTPHead:
             config=config,
             layout=layout,
         )
+
+
+def save_head(head: MTPHead, path, *, metadata: dict | None = None) -> None:
+    """Write ``head`` as the MTP layer of a DeepSeek-V3-layout checkpoint: ``config.json`` (the
+    target's HF config with ``num_nextn_predict_layers: 1``; ``metadata``, e.g. how it was trained,
+    under ``"jspec"``) and ``model.safetensors`` holding ``model.layers.{L}.{enorm, hnorm, eh_proj,
+    shared_head.norm, <decoder layer>}`` with ``L = num_hidden_layers``: the index right after the
+    target's own layers, where DeepSeek-V3 keeps its MTP layer. :meth:`MTP.load` reads it back
+    exactly (in the DeepSeek layout, whichever layout the head was loaded from). Written atomically.
+
+    Only the MTP tensors are written: the embedding and LM head are the target's (:meth:`MTP.bind`
+    attaches them), so DeepSeek-V3's per-layer copies (``embed_tokens``, ``shared_head.head``) would
+    add two ``[V, H]`` matrices and nothing else. The file can therefore join the target's own
+    weights -- beside a single-file checkpoint under another name (``mtp.safetensors``), its tensors
+    added to ``model.safetensors.index.json`` in a sharded one -- with ``num_nextn_predict_layers: 1``
+    in the target's ``config.json`` so that the target's loaders skip them.
+    """
+    from safetensors.numpy import save_file
+
+    c = head.config
+    p = f"model.layers.{c.num_layers}."
+    tensors = {p + "enorm.weight": head.enorm, p + "hnorm.weight": head.hnorm, p + "eh_proj.weight": head.eh_proj.T,
+               p + "shared_head.norm.weight": head.norm} | layer_arrays(head.layer, c, p)
+    hf = to_hf_config(c) | dict(num_nextn_predict_layers=1, torch_dtype=np.dtype(head.eh_proj.dtype).name)
+    if metadata:
+        hf["jspec"] = metadata
+    with atomic_directory(path) as staging:
+        (staging / "config.json").write_text(json.dumps(hf, indent=2))
+        save_file({name: np.ascontiguousarray(np.asarray(x)) for name, x in tensors.items()},
+                  str(staging / "model.safetensors"), metadata={"format": "pt"})

@@ -8,12 +8,14 @@ head is written in the HF layout by ``jspec.drafters.eagle3.save_head``. ``scrip
 is the command line.
 """
 
-from jspec.training.data import chat_prompts, draft_vocabulary, self_generated, stdlib_source, windows
+from jspec.training.data import (
+    chat_prompts, draft_vocabulary, self_generated, stdlib_functions, stdlib_source, transform_prompts, windows,
+)
 from jspec.training.objective import loss_fn, step_logits, step_losses, trainable_params, with_params
 from jspec.training.trainer import TrainConfig, TrainState, init_state, restore_state, save_state, train, train_step
 
 __all__ = [
     "TrainConfig", "TrainState", "chat_prompts", "draft_vocabulary", "init_state", "loss_fn", "restore_state",
-    "save_state", "self_generated", "stdlib_source", "step_logits", "step_losses", "train", "train_step",
-    "trainable_params", "windows", "with_params",
+    "save_state", "self_generated", "stdlib_functions", "stdlib_source", "step_logits", "step_losses", "train",
+    "train_step", "trainable_params", "transform_prompts", "windows", "with_params",
 ]

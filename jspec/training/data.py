@@ -6,7 +6,10 @@ Sources (each returns token id lists, with a description of its origin for the c
   sorted path order -- a natural corpus for code models;
 * ``self_generated``: chat turns the target writes itself for the committed prompt list
   (``prompts.json`` beside this module: task templates x topics, disjoint from the benchmark's
-  held-out prompts) -- training on the target's own distribution, the standard recipe for heads.
+  held-out prompts) -- training on the target's own distribution, the standard recipe for heads;
+* ``transform_prompts``: prompts that hand the target a passage to rewrite, summarise or comment
+  (its own earlier answers, ``stdlib_functions``), so the head also learns to copy from context,
+  where the drafts of a chat that edits a text come from.
 
 ``windows`` packs sequences into ``[n, width]`` windows; ``draft_vocabulary`` picks the most
 frequent target ids for a reduced head vocabulary (``d2t`` offsets, SpecForge's convention).
@@ -14,6 +17,7 @@ frequent target ids for a reduced head vocabulary (``d2t`` offsets, SpecForge's 
 
 from __future__ import annotations
 
+import ast
 import itertools
 import json
 import sysconfig
@@ -26,13 +30,16 @@ import numpy as np
 PROMPTS = Path(__file__).with_name("prompts.json")
 
 
+def _stdlib_files() -> list[Path]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and "test" not in p.parts)
+
+
 def stdlib_source(tokenizer, *, max_bytes: int = 2_000_000) -> tuple[list[list[int]], str]:
     """Token ids of the standard library's ``.py`` files, whole files in sorted order until
     ``max_bytes`` of source; and a description of what was read."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and "test" not in p.parts)
     texts, size = [], 0
-    for path in files:
+    for path in _stdlib_files():
         text = path.read_text(encoding="utf-8", errors="replace")
         if size + len(text) > max_bytes:
             break
@@ -40,6 +47,33 @@ def stdlib_source(tokenizer, *, max_bytes: int = 2_000_000) -> tuple[list[list[i
         size += len(text)
     about = f"Python {sysconfig.get_python_version()} stdlib: {len(texts)} files, {size} bytes"
     return [tokenizer.encode(t) for t in texts], about
+
+
+def stdlib_functions(count: int, *, min_chars: int = 150, max_chars: int = 800, seed: int = 0) -> list[str]:
+    """``count`` top-level functions (source text of ``min_chars`` to ``max_chars``) of the standard
+    library, drawn at random for ``seed`` from the same files as :func:`stdlib_source`."""
+    functions = []
+    for path in _stdlib_files():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        functions += [source for node in tree.body if isinstance(node, ast.FunctionDef)
+                      if min_chars <= len(source := ast.get_source_segment(text, node) or "") <= max_chars]
+    pick = np.random.default_rng(seed).permutation(len(functions))[:count]
+    return [functions[i] for i in sorted(pick)]
+
+
+def transform_prompts(prose: list[str], code: list[str], *, seed: int = 0, path=PROMPTS) -> list[str]:
+    """Each prose passage in one of the prose transform templates, each code snippet in one of the
+    code templates (those with a code block), the template drawn at random for ``seed``."""
+    templates = json.loads(Path(path).read_text())["transforms"]
+    for_code = [t for t in templates if "```" in t]
+    for_prose = [t for t in templates if "```" not in t]
+    rng = np.random.default_rng(seed)
+    return ([for_prose[rng.integers(len(for_prose))].format(text=t.strip()) for t in prose]
+            + [for_code[rng.integers(len(for_code))].format(text=t.strip()) for t in code])
 
 
 def chat_prompts(path=PROMPTS) -> list[str]:

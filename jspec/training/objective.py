@@ -11,7 +11,10 @@ inference functions: ``run_rows`` (the head's layer over rows with its KV cache)
 Row ``r`` of step 0 pairs the token at ``r + 1`` with the target feature at ``r`` and predicts the
 token at ``r + 2``; step ``j`` from anchor ``r`` predicts the token at ``r + 2 + j``. The label is
 the target's own next-token choice there (``labels[:, i]``: the target's greedy token after
-position ``i``, in the target vocabulary), so the head learns what greedy verification accepts.
+position ``i``, in the target vocabulary), so the head learns what greedy verification accepts;
+or, with ``probs``, the target's whole next-token distribution over the draft vocabulary
+(distillation, SpecForge's EAGLE-3 objective): a richer signal per row, and the one rejection
+sampling's acceptance ``sum(min(p, q))`` rewards.
 """
 
 from __future__ import annotations
@@ -38,25 +41,37 @@ def with_params(drafter, params):
     return dataclasses.replace(drafter, head=dataclasses.replace(params, **kept))
 
 
+def draft_vocabulary_ids(drafter):
+    """``[V_d]`` int32: the sorted target ids of the head's vocabulary (None: the whole target's)."""
+    d2t = getattr(drafter.head, "d2t", None)
+    return None if d2t is None else jnp.arange(d2t.shape[0], dtype=jnp.int32) + d2t
+
+
 def draft_labels(drafter, labels):
     """Target-vocabulary ids -> the head's vocabulary (``-1`` where the draft vocabulary lacks
     them). ``labels [...]`` int32."""
-    d2t = getattr(drafter.head, "d2t", None)
-    if d2t is None:
+    hot = draft_vocabulary_ids(drafter)
+    if hot is None:
         return labels
-    hot = jnp.arange(d2t.shape[0], dtype=jnp.int32) + d2t  # sorted target ids of the draft vocabulary
     index = jnp.clip(jnp.searchsorted(hot, labels), 0, hot.shape[0] - 1)
     return jnp.where(hot[index] == labels, index, -1).astype(jnp.int32)
 
 
-def _cross_entropy(logits, labels, valid):
-    """Summed cross-entropy and correct-argmax count over ``valid`` rows (labels -1 count as wrong
-    and add no loss). ``logits [..., V_d]`` fp32, ``labels`` / ``valid`` ``[...]``."""
-    known = valid & (labels >= 0)
+def _cross_entropy(logits, labels, valid, probs=None):
+    """Summed loss and correct-argmax count over ``valid`` rows. ``logits [..., V_d]`` fp32,
+    ``labels`` / ``valid`` ``[...]``; labels -1 count as wrong. The loss is the cross-entropy
+    against ``labels`` (where -1, none), or the KL divergence from ``probs [..., V_d]`` (the
+    target's distribution; its mass outside the draft vocabulary is unreachable) when given: the
+    cross-entropy's gradient, with 0 as the floor instead of the target's entropy."""
     logp = jax.nn.log_softmax(logits, axis=-1)
-    picked = jnp.take_along_axis(logp, jnp.maximum(labels, 0)[..., None], axis=-1)[..., 0]
+    if probs is None:
+        picked = jnp.take_along_axis(logp, jnp.maximum(labels, 0)[..., None], axis=-1)[..., 0]
+        row_loss, counted = -picked, valid & (labels >= 0)
+    else:
+        plogp = jnp.where(probs > 0, probs * jnp.log(jnp.where(probs > 0, probs, 1.0)), 0.0)
+        row_loss, counted = jnp.sum(plogp - probs * logp, axis=-1), valid
     correct = (jnp.argmax(logits, axis=-1) == labels) & valid
-    return -jnp.sum(jnp.where(known, picked, 0.0)), jnp.sum(correct), jnp.sum(valid)
+    return jnp.sum(jnp.where(counted, row_loss, 0.0)), jnp.sum(correct), jnp.sum(valid)
 
 
 def step_logits(drafter, tokens, features, anchors, *, steps: int):
@@ -88,7 +103,7 @@ def step_logits(drafter, tokens, features, anchors, *, steps: int):
     return first, later
 
 
-def step_losses(drafter, tokens, features, labels, lengths, anchors, *, steps: int):
+def step_losses(drafter, tokens, features, labels, lengths, anchors, *, steps: int, probs=None):
     """Per draft step: summed loss, correct top-1 predictions, counted rows; three ``[steps]`` arrays.
 
     Args:
@@ -100,27 +115,34 @@ def step_losses(drafter, tokens, features, labels, lengths, anchors, *, steps: i
       anchors: ``[batch, A]`` int32 rows the later steps start from (any rows; invalid ones count
         nowhere).
       steps: draft steps trained (1: step 0 only).
+      probs: optional ``[batch, T, V_d]``, the target's next-token distribution after each position
+        over the draft vocabulary: the loss's soft labels (``labels`` then only score the top-1).
     """
     batch, width = tokens.shape
     first, later = step_logits(drafter, tokens, features, anchors, steps=steps)
     shifted = jnp.concatenate([labels[:, 1:], jnp.full((batch, 1), -1, labels.dtype)], axis=1)
+    shifted_probs = None if probs is None else jnp.concatenate([probs[:, 1:], jnp.zeros_like(probs[:, :1])], axis=1)
     valid = jnp.arange(width)[None, :] + 2 < lengths[:, None]
-    totals = [_cross_entropy(first, draft_labels(drafter, shifted), valid)]
+    totals = [_cross_entropy(first, draft_labels(drafter, shifted), valid, shifted_probs)]
     seq = jnp.repeat(jnp.arange(batch), anchors.shape[1])
     anchor = anchors.reshape(-1).astype(jnp.int32)
     for j in range(1, steps):
         position = anchor + 1 + j  # the last fed token; the label is the target's choice after it
-        label = jnp.take_along_axis(labels[seq], jnp.minimum(position, width - 1)[:, None], axis=1)[:, 0]
-        totals.append(_cross_entropy(later[j - 1], draft_labels(drafter, label), position + 1 < lengths[seq]))
+        row = jnp.minimum(position, width - 1)
+        label = labels[seq, row]
+        target_probs = None if probs is None else probs[seq, row]
+        totals.append(_cross_entropy(later[j - 1], draft_labels(drafter, label), position + 1 < lengths[seq],
+                                     target_probs))
     return tuple(jnp.stack(t) for t in zip(*totals))
 
 
 def loss_fn(params, drafter, batch, *, steps: int, step_weight: float = 0.8):
     """Mean cross-entropy per step, weighted ``step_weight ** j`` (later steps see more drift,
-    EAGLE-3's weighting), and metrics. ``batch``: dict of the ``step_losses`` arrays."""
+    EAGLE-3's weighting), and metrics. ``batch``: dict of the ``step_losses`` arrays (``probs``
+    optional)."""
     drafter = with_params(drafter, params)
     loss, correct, count = step_losses(drafter, batch["tokens"], batch["features"], batch["labels"],
-                                       batch["lengths"], batch["anchors"], steps=steps)
+                                       batch["lengths"], batch["anchors"], steps=steps, probs=batch.get("probs"))
     count = jnp.maximum(count, 1)
     weights = step_weight ** jnp.arange(steps, dtype=jnp.float32)
     total = jnp.sum(weights * loss / count) / jnp.sum(weights)

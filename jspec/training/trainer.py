@@ -20,7 +20,7 @@ import numpy as np
 import optax
 
 from jspec.models import forward
-from jspec.training.objective import loss_fn, trainable_params
+from jspec.training.objective import draft_vocabulary_ids, loss_fn, trainable_params
 
 
 @jax.tree_util.register_dataclass
@@ -44,6 +44,7 @@ class TrainConfig:
     steps: int = 4  # draft steps unrolled (training-time test); 1 = step 0 only
     anchors: int = 16  # anchor rows per window for the later steps
     step_weight: float = 0.8
+    soft_labels: bool = True  # distil the target's distribution (False: its greedy token only)
 
 
 def optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
@@ -59,14 +60,21 @@ def init_state(drafter, cfg: TrainConfig, key) -> TrainState:
     return TrainState(params, optimizer(cfg).init(params), jnp.zeros((), jnp.int32), key)
 
 
-def target_batch(target, drafter, tokens, lengths, *, impl="xla"):
-    """The frozen target over ``tokens [batch, T]``: its captured features (``drafter.capture``)
-    and its greedy next token after each position, ``labels [batch, T]``."""
+def target_batch(target, drafter, tokens, lengths, *, soft_labels: bool = False, impl="xla") -> dict:
+    """The frozen target over ``tokens [batch, T]``: the objective's batch (``tokens``, ``lengths``,
+    the captured ``features`` of ``drafter.capture``, ``labels [batch, T]``: the greedy next token
+    after each position, and with ``soft_labels`` ``probs [batch, T, V_d]``: the next-token
+    distribution over the draft vocabulary)."""
     kv = target.init_cache(tokens.shape[0], tokens.shape[1])
     logits, features, _ = forward(target, tokens, kv, capture=drafter.capture, impl=impl)
     labels = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     labels = jnp.where(jnp.arange(tokens.shape[1])[None, :] < lengths[:, None], labels, -1)
-    return jax.lax.stop_gradient(features), labels
+    batch = dict(tokens=tokens, lengths=lengths, features=jax.lax.stop_gradient(features), labels=labels)
+    if soft_labels:
+        hot = draft_vocabulary_ids(drafter)
+        probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+        batch["probs"] = jax.lax.stop_gradient(probs if hot is None else probs[..., hot])
+    return batch
 
 
 def sample_anchors(key, lengths, num_anchors: int, steps: int):
@@ -81,10 +89,9 @@ def sample_anchors(key, lengths, num_anchors: int, steps: int):
 def train_step(state: TrainState, drafter, target, tokens, lengths, *, cfg: TrainConfig):
     """One optimizer step on windows ``tokens [batch, T]`` (``lengths [batch]``): target features
     on the fly, the objective's loss, clipped AdamW. Returns ``(state, metrics)``."""
-    features, labels = target_batch(target, drafter, tokens, lengths)
     key, anchor_key = jax.random.split(state.key)
-    batch = dict(tokens=tokens, features=features, labels=labels, lengths=lengths,
-                 anchors=sample_anchors(anchor_key, lengths, cfg.anchors, cfg.steps))
+    batch = target_batch(target, drafter, tokens, lengths, soft_labels=cfg.soft_labels)
+    batch["anchors"] = sample_anchors(anchor_key, lengths, cfg.anchors, cfg.steps)
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         state.params, drafter, batch, steps=cfg.steps, step_weight=cfg.step_weight)
     updates, opt_state = optimizer(cfg).update(grads, state.opt_state, state.params)

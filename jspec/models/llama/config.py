@@ -124,6 +124,31 @@ def _rope_params(cfg: dict[str, Any]) -> tuple[float, dict | None]:
     return float(theta), scaling
 
 
+def to_hf_config(config: LlamaConfig) -> dict[str, Any]:
+    """The HF ``config.json`` dict of ``config`` (transformers v5's ``rope_parameters`` form), the
+    inverse of :func:`from_hf_config`. An HF config derives ``qkv_bias`` / ``qk_norm`` from the
+    architecture, so a config whose flags differ from its architecture's raises ``ValueError``."""
+    c = config
+    if c.architecture not in _ARCHITECTURES:
+        raise ValueError(f"unsupported architecture {c.architecture!r} (supported: {sorted(_ARCHITECTURES)})")
+    flags = dict(qkv_bias=c.qkv_bias, qk_norm=c.qk_norm)
+    if flags != _ARCHITECTURES[c.architecture]:
+        raise ValueError(f"config flags {flags} do not match {c.architecture} ({_ARCHITECTURES[c.architecture]}), "
+                         "which an HF config.json derives them from")
+    rope = {"rope_type": "default", "rope_theta": float(c.rope_theta)}
+    if c.rope_scaling is not None:
+        rope |= {"rope_type": "llama3", **dataclasses.asdict(c.rope_scaling)}
+    model_type = next(t for t, arch in _MODEL_TYPES.items() if arch == c.architecture)
+    return dict(
+        architectures=[c.architecture], model_type=model_type, vocab_size=int(c.vocab_size),
+        hidden_size=int(c.hidden_size), intermediate_size=int(c.intermediate_size),
+        num_hidden_layers=int(c.num_layers), num_attention_heads=int(c.num_heads),
+        num_key_value_heads=int(c.num_kv_heads), head_dim=int(c.head_dim),
+        max_position_embeddings=int(c.max_position_embeddings), rms_norm_eps=float(c.rms_norm_eps),
+        rope_parameters=rope, tie_word_embeddings=bool(c.tie_word_embeddings), hidden_act="silu",
+    )
+
+
 def from_hf_config(cfg: dict[str, Any]) -> LlamaConfig:
     """Validate an HF ``config.json`` dict and build a ``LlamaConfig``.
 
