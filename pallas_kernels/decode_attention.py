@@ -118,7 +118,8 @@ def use_pallas(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype
       max_len * head_dim``), where the reference's single launch wins;
     * head_dim 512 with more than 4 M blocks of 16 rows (query rows x GQA group > 64, e.g. Gemma 4
       31B verifying 9 rows): each M block reads the K/V blocks again from L2, and past 4 of them the
-      reference's one pass over the cache is as fast or faster.
+      reference's one pass over the cache is as fast or faster. (The wide-head kernel runs these
+      rows in two 64-row M tiles now; it takes them under ``auto`` once measured.)
     """
     if jnp.dtype(dtype).itemsize != 2 or head_dim > 512:
         return False
@@ -133,7 +134,8 @@ def use_wide_kernel(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, 
                     window=None) -> bool:
     """Where the Pallas path on a GPU takes the Mosaic GPU wide-head kernel
     (``benchmarks/draft_attention_gemma4_full_h100.json``, variant ``wide``): head_dim 512 (Gemma 4's
-    full layers), no window or tail mask, one M tile of query rows x GQA group (<= 64), and
+    full layers), no window or tail mask (and, under ``auto``, at most one M tile of query rows x GQA
+    group: :func:`use_pallas`), and
 
     * more than 32 rows (Gemma 4 31B verifying 4 drafts: 40; E4B 8 drafts: 36), where the Triton
       kernel's three or more 16-row slices re-reading each K/V tile stream 0.55-0.69 of copy

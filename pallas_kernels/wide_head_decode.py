@@ -6,8 +6,9 @@ streams only ~0.65 of copy bandwidth once the query rows x GQA group pass 16 (ev
 re-reads the K/V tile from shared memory, and a 64 x 512 fp32 accumulator leaves Triton no
 registers). This kernel is built the way FlashMLA runs 512-wide heads:
 
-* one CTA per (KV head, split, sequence); the query rows x GQA group (<= 64) are one WGMMA M tile,
-  held in shared memory for the whole call, so K and V are read from HBM once per KV head;
+* one CTA per (KV head, M tile, split, sequence); the query rows x GQA group are WGMMA M tiles of
+  64 rows, each held in shared memory for the whole call, so K and V are read from HBM once per KV
+  head and M tile (the tiles of one head are neighbouring CTAs, which share the reads in L2);
 * a producer warpgroup streams K and V blocks by TMA into a ring of ``stages`` slots;
 * ``head_dim // 256`` consumer warpgroups each own 256 output columns (a 64 x 256 fp32
   accumulator, WGMMA's widest N): each computes the scores ``q @ k.T`` over the whole head_dim
@@ -46,14 +47,18 @@ NUM_SMS = 132  # H100 / H200: the default split count aims at one CTA per SM
 
 def supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, *, block_kv=64) -> bool:
     """Whether these shapes fit the kernel (the dispatcher's test; the kernel raises otherwise)."""
-    rows = num_q * (num_q_heads // num_kv_heads)
-    return (rows <= ROWS and head_dim % COLUMNS == 0 and max_len % block_kv == 0
+    return (head_dim % COLUMNS == 0 and max_len % block_kv == 0
             and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)))
 
 
-def default_splits(batch, num_kv_heads, max_len, block_kv) -> int:
+def m_tiles(num_q, num_q_heads, num_kv_heads) -> int:
+    """WGMMA M tiles of query rows x GQA group per KV head."""
+    return pl.cdiv(num_q * (num_q_heads // num_kv_heads), ROWS)
+
+
+def default_splits(batch, num_kv_heads, max_len, block_kv, tiles=1) -> int:
     """About one CTA per SM, at least 4 KV blocks per split."""
-    return max(1, min(NUM_SMS // (batch * num_kv_heads), max_len // block_kv // 4))
+    return max(1, min(NUM_SMS // (batch * num_kv_heads * tiles), max_len // block_kv // 4))
 
 
 def _accumulate(acc, a, b, a_smem):
@@ -82,8 +87,8 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     """``q [batch, num_q, num_q_heads, head_dim]``, ``k, v [batch, num_kv_heads, max_len, head_dim]``,
     ``kv_lengths [batch]``, ``q_positions [batch, num_q]`` -> ``[batch, num_q, num_q_heads, head_dim]``.
 
-    Needs num_q x GQA group <= 64, head_dim a multiple of 256, ``max_len`` a multiple of
-    ``block_kv`` (a multiple of 64), a 16-bit cache. ``stages``: K/V ring slots (default: as many as
+    Needs head_dim a multiple of 256, ``max_len`` a multiple of ``block_kv`` (a multiple of 64), a
+    16-bit cache; num_q x GQA group rows run in M tiles of 64. ``stages``: K/V ring slots (default: as many as
     227 KiB of shared memory allow, at most 2); ``k_splits``: see :func:`default_splits`.
     """
     import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -92,12 +97,12 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     _, num_kv_heads, max_len, _ = k.shape
     group = num_q_heads // num_kv_heads
     rows = num_q * group
+    tiles = m_tiles(num_q, num_q_heads, num_kv_heads)
     if block_kv % 64 or not supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, k.dtype,
                                      block_kv=block_kv):
         raise ValueError(
-            f"decode_attention_wide needs num_q * GQA group <= {ROWS} (got {rows}), head_dim a multiple of "
-            f"{COLUMNS} (got {head_dim}), max_len a multiple of block_kv (got {max_len}, {block_kv}; block_kv a "
-            f"multiple of 64) and a 16-bit cache (got {k.dtype})")
+            f"decode_attention_wide needs head_dim a multiple of {COLUMNS} (got {head_dim}), max_len a multiple "
+            f"of block_kv (got {max_len}, {block_kv}; block_kv a multiple of 64) and a 16-bit cache (got {k.dtype})")
     interpret = interpret_mode() if interpret is None else interpret
     consumers = head_dim // COLUMNS
     n_blocks = max_len // block_kv
@@ -109,7 +114,7 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
         raise ValueError(f"stages={stages} of {block_kv}-row K/V blocks at head_dim {head_dim} need "
                          f"{stages * stage_bytes + SMEM_BYTES - free_bytes} bytes of shared memory, more than "
                          f"the {SMEM_BYTES} a Hopper CTA has")
-    k_splits = k_splits or default_splits(batch, num_kv_heads, max_len, block_kv)
+    k_splits = k_splits or default_splits(batch, num_kv_heads, max_len, block_kv, tiles)
     blocks_per_split = pl.cdiv(n_blocks, k_splits)
     k_splits = pl.cdiv(n_blocks, blocks_per_split)  # no split left without blocks at full length
     stages = min(stages, blocks_per_split)
@@ -117,26 +122,31 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     logit_scale = float(scale) * math.log2(math.e)  # softmax in base 2: exp2 is one instruction
     dtype = k.dtype
 
-    # Query rows x GQA group -> one M tile per (sequence, KV head): row r = query r // group.
+    # Query rows x GQA group -> M tiles per (sequence, KV head): row r = query r // group.
+    padded = tiles * ROWS
     q_rows = q.astype(dtype).reshape(batch, num_q, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
-    q_rows = jnp.pad(q_rows.reshape(batch, num_kv_heads, rows, head_dim), ((0, 0), (0, 0), (0, ROWS - rows), (0, 0)))
+    q_rows = jnp.pad(q_rows.reshape(batch, num_kv_heads, rows, head_dim), ((0, 0), (0, 0), (0, padded - rows), (0, 0)))
+    # Whole tiles as leading indices (the kernel's dynamic indices stay on leading axes, as for heads).
+    q_rows = q_rows.reshape(batch, num_kv_heads * tiles, ROWS, head_dim)
     lengths = jnp.clip(kv_lengths.astype(jnp.int32), 0, max_len)
     query_limit = jnp.minimum(lengths[:, None], q_positions.astype(jnp.int32) + 1)  # [batch, num_q]
     query_limit = jnp.maximum(query_limit, 0)
     # Padding rows copy the last query's limit: they then never widen the range of blocks read.
-    row_limit = jnp.pad(jnp.repeat(query_limit, group, axis=1), ((0, 0), (0, ROWS - rows)), mode="edge")
-    lowest, highest = jnp.min(query_limit, axis=1), jnp.max(query_limit, axis=1)
+    row_limit = jnp.pad(jnp.repeat(query_limit, group, axis=1), ((0, 0), (0, padded - rows)), mode="edge")
+    row_limit = row_limit.reshape(batch, tiles, ROWS)
+    lowest, highest = jnp.min(row_limit, axis=2), jnp.max(row_limit, axis=2)  # each tile reads what its rows see
 
     wgmma_layout = plgpu.Layout.WGMMA
     row_layout = wgmma_layout.reduce(1)
 
     def kernel(q_ref, k_ref, v_ref, limit_ref, length_ref, lowest_ref, highest_ref, out_ref, lse_ref, scratch):
-        b, h, split, wg = (lax.axis_index(name) for name in ("batch", "heads", "split", "wg"))
+        b, head_tile, split, wg = (lax.axis_index(name) for name in ("batch", "heads", "split", "wg"))
+        h, t = head_tile // tiles, lax.rem(head_tile, tiles)
         (q_smem, k_smem, v_smem, limit_smem, lse_smem, p_smem), ready, (k_free, v_free, done) = scratch
         q_ready, limit_ready, k_ready, v_ready = ready
-        length, lowest_b = length_ref[b], lowest_ref[b]
+        length, lowest_b = length_ref[b], lowest_ref[b, t]
         first = split * blocks_per_split
-        end = jnp.minimum(first + blocks_per_split, pl.cdiv(highest_ref[b], block_kv))
+        end = jnp.minimum(first + blocks_per_split, pl.cdiv(highest_ref[b, t], block_kv))
 
         def consumer(c):
             plgpu.set_max_registers(232, action="increase")
@@ -194,10 +204,10 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
             if c == 0 and k_splits > 1:
                 lse_smem[...] = jnp.where(l > 0, m + jnp.log2(l_safe), -jnp.inf)
             plgpu.commit_smem()
-            out_tile = out_ref.at[b, h] if k_splits == 1 else out_ref.at[b, h, split]
+            out_tile = out_ref.at[b, head_tile] if k_splits == 1 else out_ref.at[b, head_tile, split]
             plgpu.copy_smem_to_gmem(q_smem[c], out_tile.at[:, pl.ds(c * COLUMNS, COLUMNS)])
             if c == 0 and k_splits > 1:
-                plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, h, split])
+                plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, head_tile, split])
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
         for c in range(consumers):
@@ -206,7 +216,7 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
         @pl.when(wg == consumers)
         def _producer():
             plgpu.set_max_registers(40, action="decrease")
-            plgpu.copy_gmem_to_smem(limit_ref.at[b], limit_smem, limit_ready.at[0])
+            plgpu.copy_gmem_to_smem(limit_ref.at[b, t], limit_smem, limit_ready.at[0])
 
             def load(ref, block, slot, smem, ready):  # one copy per 256-column chunk, all arriving on `ready`
                 rows_ = pl.ds(block * block_kv, block_kv)
@@ -220,7 +230,7 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
 
             for chunk in range(consumers):
                 columns = pl.ds(chunk * COLUMNS, COLUMNS)
-                plgpu.copy_gmem_to_smem(q_ref.at[b, h, :, columns], q_smem[chunk], q_ready.at[0])
+                plgpu.copy_gmem_to_smem(q_ref.at[b, head_tile, :, columns], q_smem[chunk], q_ready.at[0])
             for i in range(stages):
                 pl.when(first + i < end)(functools.partial(fill, first + i, lax.rem(first + i, stages)))
 
@@ -253,16 +263,23 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
         )
 
     if k_splits == 1:
-        out_type = [jax.ShapeDtypeStruct((batch, num_kv_heads, ROWS, head_dim), dtype),
+        out_type = [jax.ShapeDtypeStruct((batch, num_kv_heads * tiles, ROWS, head_dim), dtype),
                     jax.ShapeDtypeStruct((1,), jnp.float32)]
     else:
-        out_type = [jax.ShapeDtypeStruct((batch, num_kv_heads, k_splits, ROWS, head_dim), dtype),
-                    jax.ShapeDtypeStruct((batch, num_kv_heads, k_splits, ROWS), jnp.float32)]
+        out_type = [jax.ShapeDtypeStruct((batch, num_kv_heads * tiles, k_splits, ROWS, head_dim), dtype),
+                    jax.ShapeDtypeStruct((batch, num_kv_heads * tiles, k_splits, ROWS), jnp.float32)]
     out, lse = plgpu.kernel(
-        entry, out_type=out_type, grid=(num_kv_heads, k_splits, batch), grid_names=("heads", "split", "batch"),
+        entry, out_type=out_type, grid=(num_kv_heads * tiles, k_splits, batch), grid_names=("heads", "split", "batch"),
         num_threads=consumers + 1, thread_name="wg", compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=plgpu.InterpretGPUParams() if interpret else None,
     )(q_rows, k, v, row_limit, lengths, lowest, highest)
+    if k_splits > 1:  # tiles back into rows: [batch, num_kv_heads, k_splits, padded(, head_dim)]
+        out = out.reshape(batch, num_kv_heads, tiles, k_splits, ROWS, head_dim).transpose(0, 1, 3, 2, 4, 5)
+        out = out.reshape(batch, num_kv_heads, k_splits, padded, head_dim)
+        lse = lse.reshape(batch, num_kv_heads, tiles, k_splits, ROWS).transpose(0, 1, 3, 2, 4)
+        lse = lse.reshape(batch, num_kv_heads, k_splits, padded)
+    else:
+        out = out.reshape(batch, num_kv_heads, padded, head_dim)
     if k_splits > 1:  # log-sum-exp merge of the splits (base 2); rows no split saw get zeros
         top = jnp.max(lse, axis=2, keepdims=True)
         weights = jnp.exp2(lse - jnp.where(jnp.isfinite(top), top, 0.0))

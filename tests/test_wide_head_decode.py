@@ -34,6 +34,9 @@ CASES = [  # (name, shapes, kernel kwargs)
                                   lengths=[383, 70]), dict(k_splits=3)),
     ("full_m_tile_ring", dict(batch=1, num_q=8, num_q_heads=8, num_kv_heads=1, max_len=512, head_dim=256,
                               lengths=[450]), dict(k_splits=2, stages=2)),
+    # 72 rows (Gemma 4 31B verifying 8 drafts): two M tiles, the second one's queries later than the first's.
+    ("two_m_tiles", dict(batch=2, num_q=9, num_q_heads=16, num_kv_heads=2, max_len=256, head_dim=512,
+                         lengths=[250, 40]), dict(k_splits=2)),
     # Frozen-KV drafting: every query at one position before the cache's end; a padding query (-1) sees nothing.
     ("drafts_at_one_position", dict(batch=2, num_q=3, num_q_heads=4, num_kv_heads=1, max_len=256, head_dim=256,
                                     lengths=[200, 64], positions=[[150, 150, -1], [63, 63, 63]]), dict(k_splits=4)),
@@ -59,14 +62,14 @@ def test_a_query_that_sees_nothing_gets_zeros():
 
 def test_shapes_it_cannot_run_are_refused():
     assert supports(5, 32, 4, 4096, 512, jnp.bfloat16)  # Gemma 4 31B full layers, 5 query rows
-    assert not supports(9, 32, 4, 4096, 512, jnp.bfloat16)  # 72 rows: more than one M tile
+    assert supports(9, 32, 4, 4096, 512, jnp.bfloat16)  # 72 rows: two M tiles
     assert not supports(1, 8, 2, 4096, 128, jnp.bfloat16)
     assert not supports(1, 8, 2, 4000, 512, jnp.bfloat16)
     assert not supports(1, 8, 2, 4096, 512, jnp.float32)
-    q, k, v, lengths, positions = _case(0, batch=1, num_q=9, num_q_heads=8, num_kv_heads=1, max_len=128,
+    q, k, v, lengths, positions = _case(0, batch=1, num_q=2, num_q_heads=8, num_kv_heads=1, max_len=128,
                                         head_dim=256, lengths=[128])
-    with pytest.raises(ValueError, match="num_q \\* GQA group <= 64"):
-        decode_attention_wide(q, k, v, lengths, q_positions=positions)
+    with pytest.raises(ValueError, match="max_len a multiple of block_kv"):
+        decode_attention_wide(q, k[:, :, :100], v[:, :, :100], lengths, q_positions=positions)
     with pytest.raises(ValueError, match="shared memory"):
         decode_attention_wide(q[:, :1], k, v, lengths, q_positions=positions[:, :1], stages=4)
 
@@ -76,3 +79,4 @@ def test_default_splits_aim_at_one_cta_per_sm():
     assert default_splits(8, 4, 32768, 64) == 4
     assert default_splits(32, 4, 32768, 64) == 1
     assert default_splits(1, 4, 256, 64) == 1  # at least 4 blocks per split
+    assert default_splits(1, 4, 32768, 64, tiles=2) == 16  # the M tiles of a head share the SMs too
