@@ -9,7 +9,10 @@ registers). This kernel is built the way FlashMLA runs 512-wide heads:
 * one CTA per (KV head, M tile, split, sequence); the query rows x GQA group are WGMMA M tiles of
   64 rows, each held in shared memory for the whole call, so K and V are read from HBM once per KV
   head and M tile (the tiles of one head are neighbouring CTAs, which share the reads in L2);
-* a producer warpgroup streams K and V blocks by TMA into a ring of ``stages`` slots;
+* a producer warpgroup streams K and V by TMA in chunks of ``block_kv`` rows x 256 columns (per
+  K/V block: K's chunks, then V's) into a ring of ``slots`` chunks. At head_dim 512 a whole K and V
+  block (128 KiB) beside q (64 KiB) leaves no room for a second one; five 32 KiB chunks let the next
+  block's K stream in while this block's V is consumed;
 * ``head_dim // 256`` consumer warpgroups each own 256 output columns (a 64 x 256 fp32
   accumulator, WGMMA's widest N): each computes the scores ``q @ k.T`` over the whole head_dim
   itself (recomputing them costs tensor-core time, which is idle here, instead of a round trip
@@ -82,14 +85,15 @@ def _accumulate(acc, a, b, a_smem):
     return pl.run_state(accumulate)(plgpu.ACC.init(acc))
 
 
-def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block_kv=64, stages=None,
+def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block_kv=64, slots=None,
                           k_splits=None, interpret=None):
     """``q [batch, num_q, num_q_heads, head_dim]``, ``k, v [batch, num_kv_heads, max_len, head_dim]``,
     ``kv_lengths [batch]``, ``q_positions [batch, num_q]`` -> ``[batch, num_q, num_q_heads, head_dim]``.
 
     Needs head_dim a multiple of 256, ``max_len`` a multiple of ``block_kv`` (a multiple of 64), a
-    16-bit cache; num_q x GQA group rows run in M tiles of 64. ``stages``: K/V ring slots (default: as many as
-    227 KiB of shared memory allow, at most 2); ``k_splits``: see :func:`default_splits`.
+    16-bit cache; num_q x GQA group rows run in M tiles of 64. ``slots``: K/V chunks in the ring
+    (default: as many as 227 KiB of shared memory hold; at least one block's); ``k_splits``: see
+    :func:`default_splits`.
     """
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -106,18 +110,19 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     interpret = interpret_mode() if interpret is None else interpret
     consumers = head_dim // COLUMNS
     n_blocks = max_len // block_kv
-    stage_bytes = 2 * block_kv * head_dim * k.dtype.itemsize  # a K and a V block
-    free_bytes = SMEM_BYTES - ROWS * head_dim * k.dtype.itemsize - 1024  # q (then the output), limits, lse
-    if stages is None:
-        stages = max(1, min(2, free_bytes // stage_bytes))
-    if stages * stage_bytes > free_bytes:
-        raise ValueError(f"stages={stages} of {block_kv}-row K/V blocks at head_dim {head_dim} need "
-                         f"{stages * stage_bytes + SMEM_BYTES - free_bytes} bytes of shared memory, more than "
-                         f"the {SMEM_BYTES} a Hopper CTA has")
+    chunks = 2 * consumers  # per K/V block: K's column chunks, then V's
+    # q (then the output), then limits and lse (1 KiB-aligned allocations), barriers. Row reductions stay
+    # inside a warp in the WGMMA layout, so no cross-warp reduction scratch is reserved.
+    free_bytes = SMEM_BYTES - ROWS * head_dim * k.dtype.itemsize - 2 * 1024 - 256
+    most = free_bytes // (block_kv * COLUMNS * k.dtype.itemsize)
+    slots = most if slots is None else slots
+    if not chunks <= slots <= most:
+        raise ValueError(f"slots={slots}: the K/V ring holds one block's {chunks} chunks at least, and at most "
+                         f"the {most} chunks of {block_kv} x {COLUMNS} that fit the {SMEM_BYTES} bytes of shared "
+                         f"memory a Hopper CTA has beside q at head_dim {head_dim}")
     k_splits = k_splits or default_splits(batch, num_kv_heads, max_len, block_kv, tiles)
     blocks_per_split = pl.cdiv(n_blocks, k_splits)
     k_splits = pl.cdiv(n_blocks, blocks_per_split)  # no split left without blocks at full length
-    stages = min(stages, blocks_per_split)
     scale = head_dim**-0.5 if scale is None else scale
     logit_scale = float(scale) * math.log2(math.e)  # softmax in base 2: exp2 is one instruction
     dtype = k.dtype
@@ -142,8 +147,7 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     def kernel(q_ref, k_ref, v_ref, limit_ref, length_ref, lowest_ref, highest_ref, out_ref, lse_ref, scratch):
         b, head_tile, split, wg = (lax.axis_index(name) for name in ("batch", "heads", "split", "wg"))
         h, t = head_tile // tiles, lax.rem(head_tile, tiles)
-        (q_smem, k_smem, v_smem, limit_smem, lse_smem, p_smem), ready, (k_free, v_free, done) = scratch
-        q_ready, limit_ready, k_ready, v_ready = ready
+        (q_smem, ring, limit_smem, lse_smem, p_smem), (q_ready, limit_ready, ready), (free, done) = scratch
         length, lowest_b = length_ref[b], lowest_ref[b, t]
         first = split * blocks_per_split
         end = jnp.minimum(first + blocks_per_split, pl.cdiv(highest_ref[b, t], block_kv))
@@ -156,20 +160,24 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
             m = plgpu.layout_cast(jnp.full((ROWS,), _MASK_VALUE, jnp.float32), row_layout)
             l = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), row_layout)
             acc = plgpu.layout_cast(jnp.zeros((ROWS, COLUMNS), jnp.float32), wgmma_layout)
+            for slot in range(slots):  # every slot starts free: the producer waits on each chunk's slot alike
+                plgpu.barrier_arrive(free.at[slot])
 
             def step(block, carry):
                 acc, m, l = carry
-                slot = lax.rem(block, stages)
+                slot = [lax.rem((block - first) * chunks + j, slots) for j in range(chunks)]  # K chunks, V chunks
                 start = block * block_kv
-                plgpu.barrier_wait(k_ready.at[slot])
+                for j in range(consumers):
+                    plgpu.barrier_wait(ready.at[slot[j]])
 
                 def scores(acc_ref):
-                    for chunk in range(consumers):
-                        plgpu.wgmma(acc_ref, q_smem[chunk], k_smem[chunk].at[slot].transpose((1, 0)))
+                    for j in range(consumers):
+                        plgpu.wgmma(acc_ref, q_smem[j], ring.at[slot[j]].transpose((1, 0)))
                     return acc_ref[...]
 
                 s = pl.run_scoped(scores, plgpu.ACC((ROWS, block_kv), jnp.float32)) * logit_scale
-                plgpu.barrier_arrive(k_free.at[slot])
+                for j in range(consumers):
+                    plgpu.barrier_arrive(free.at[slot[j]])
 
                 def mask(s):  # -inf, not _MASK_VALUE: a row that sees nothing here keeps p = 0
                     cols = start + plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=wgmma_layout)
@@ -181,8 +189,11 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
                 p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
                 l = l * alpha + p.sum(axis=1)
                 acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-                plgpu.barrier_wait(v_ready.at[slot])
-                v_tile = v_smem[c].at[slot]
+                for j in range(consumers):  # every consumer passes every chunk's barriers, in order
+                    plgpu.barrier_wait(ready.at[slot[consumers + j]])
+                    if j != c:
+                        plgpu.barrier_arrive(free.at[slot[consumers + j]])
+                v_tile = ring.at[slot[consumers + c]]
 
                 @pl.when(start + block_kv > length)
                 def _zero_rows_past_length():  # p is 0 there, but 0 * NaN is not
@@ -192,7 +203,7 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
                     plgpu.commit_smem()
 
                 acc = _accumulate(acc, p.astype(dtype), v_tile, None if p_smem is None else p_smem[c])
-                plgpu.barrier_arrive(v_free.at[slot])
+                plgpu.barrier_arrive(free.at[slot[consumers + c]])
                 return acc, m_new, l
 
             acc, m, l = lax.fori_loop(first, end, step, (acc, m, l))
@@ -218,29 +229,19 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
             plgpu.set_max_registers(40, action="decrease")
             plgpu.copy_gmem_to_smem(limit_ref.at[b, t], limit_smem, limit_ready.at[0])
 
-            def load(ref, block, slot, smem, ready):  # one copy per 256-column chunk, all arriving on `ready`
+            for j in range(consumers):
+                columns = pl.ds(j * COLUMNS, COLUMNS)
+                plgpu.copy_gmem_to_smem(q_ref.at[b, head_tile, :, columns], q_smem[j], q_ready.at[0])
+
+            @pl.loop(first, end)
+            def _stream(block):
                 rows_ = pl.ds(block * block_kv, block_kv)
-                for chunk in range(consumers):
-                    columns = pl.ds(chunk * COLUMNS, COLUMNS)
-                    plgpu.copy_gmem_to_smem(ref.at[b, h, rows_, columns], smem[chunk].at[slot], ready)
-
-            def fill(block, slot):
-                load(k_ref, block, slot, k_smem, k_ready.at[slot])
-                load(v_ref, block, slot, v_smem, v_ready.at[slot])
-
-            for chunk in range(consumers):
-                columns = pl.ds(chunk * COLUMNS, COLUMNS)
-                plgpu.copy_gmem_to_smem(q_ref.at[b, head_tile, :, columns], q_smem[chunk], q_ready.at[0])
-            for i in range(stages):
-                pl.when(first + i < end)(functools.partial(fill, first + i, lax.rem(first + i, stages)))
-
-            @pl.loop(first, end - stages)
-            def _refill(block):
-                slot = lax.rem(block, stages)
-                plgpu.barrier_wait(k_free.at[slot])
-                load(k_ref, block + stages, slot, k_smem, k_ready.at[slot])
-                plgpu.barrier_wait(v_free.at[slot])
-                load(v_ref, block + stages, slot, v_smem, v_ready.at[slot])
+                for j in range(chunks):
+                    n = (block - first) * chunks + j
+                    slot = lax.rem(n, slots)
+                    plgpu.barrier_wait(free.at[slot])
+                    source = (k_ref, v_ref)[j // consumers].at[b, h, rows_, pl.ds(j % consumers * COLUMNS, COLUMNS)]
+                    plgpu.copy_gmem_to_smem(source, ring.at[slot], ready.at[slot])
 
     def entry(*refs):
         swizzled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -249,16 +250,14 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
             # Every operand in 256-column chunks, one allocation each: TMA copies and WGMMA take whole,
             # contiguous chunks (and a static index into a shared-memory ref fails to lower on jax 0.11).
             ([plgpu.SMEM((ROWS, COLUMNS), dtype, transforms=swizzled)] * consumers,
-             [plgpu.SMEM((stages, block_kv, COLUMNS), dtype, transforms=swizzled)] * consumers,
-             [plgpu.SMEM((stages, block_kv, COLUMNS), dtype, transforms=swizzled)] * consumers,
+             plgpu.SMEM((slots, block_kv, COLUMNS), dtype, transforms=swizzled),
              plgpu.SMEM((ROWS,), jnp.int32),
              plgpu.SMEM((ROWS,), jnp.float32),
              [plgpu.SMEM((ROWS, block_kv), dtype, transforms=swizzled)] * consumers if interpret else None),
             (plgpu.Barrier(num_arrivals=consumers, num_barriers=1), plgpu.Barrier(num_barriers=1),
-             plgpu.Barrier(num_arrivals=consumers, num_barriers=stages),
-             plgpu.Barrier(num_arrivals=consumers, num_barriers=stages)),
-            (plgpu.Barrier(num_arrivals=consumers, num_barriers=stages),) * 2
-            + (plgpu.Barrier(num_arrivals=consumers, num_barriers=1),),
+             plgpu.Barrier(num_barriers=slots)),
+            (plgpu.Barrier(num_arrivals=consumers, num_barriers=slots),
+             plgpu.Barrier(num_arrivals=consumers, num_barriers=1)),
             collective_axes="wg",
         )
 
@@ -270,7 +269,7 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
                     jax.ShapeDtypeStruct((batch, num_kv_heads * tiles, k_splits, ROWS), jnp.float32)]
     out, lse = plgpu.kernel(
         entry, out_type=out_type, grid=(num_kv_heads * tiles, k_splits, batch), grid_names=("heads", "split", "batch"),
-        num_threads=consumers + 1, thread_name="wg", compiler_params=plgpu.CompilerParams(approx_math=True),
+        num_threads=consumers + 1, thread_name="wg", compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0),
         interpret=plgpu.InterpretGPUParams() if interpret else None,
     )(q_rows, k, v, row_limit, lengths, lowest, highest)
     if k_splits > 1:  # tiles back into rows: [batch, num_kv_heads, k_splits, padded(, head_dim)]

@@ -33,7 +33,7 @@ CASES = [  # (name, shapes, kernel kwargs)
     ("two_consumers_splits", dict(batch=2, num_q=5, num_q_heads=16, num_kv_heads=2, max_len=384, head_dim=512,
                                   lengths=[383, 70]), dict(k_splits=3)),
     ("full_m_tile_ring", dict(batch=1, num_q=8, num_q_heads=8, num_kv_heads=1, max_len=512, head_dim=256,
-                              lengths=[450]), dict(k_splits=2, stages=2)),
+                              lengths=[450]), dict(k_splits=2, slots=3)),
     # 72 rows (Gemma 4 31B verifying 8 drafts): two M tiles, the second one's queries later than the first's.
     ("two_m_tiles", dict(batch=2, num_q=9, num_q_heads=16, num_kv_heads=2, max_len=256, head_dim=512,
                          lengths=[250, 40]), dict(k_splits=2)),
@@ -71,7 +71,7 @@ def test_shapes_it_cannot_run_are_refused():
     with pytest.raises(ValueError, match="max_len a multiple of block_kv"):
         decode_attention_wide(q, k[:, :, :100], v[:, :, :100], lengths, q_positions=positions)
     with pytest.raises(ValueError, match="shared memory"):
-        decode_attention_wide(q[:, :1], k, v, lengths, q_positions=positions[:, :1], stages=4)
+        decode_attention_wide(q[:, :1], k, v, lengths, q_positions=positions[:, :1], slots=1)
 
 
 def test_default_splits_aim_at_one_cta_per_sm():
@@ -80,3 +80,21 @@ def test_default_splits_aim_at_one_cta_per_sm():
     assert default_splits(32, 4, 32768, 64) == 1
     assert default_splits(1, 4, 256, 64) == 1  # at least 4 blocks per split
     assert default_splits(1, 4, 32768, 64, tiles=2) == 16  # the M tiles of a head share the SMs too
+
+
+@pytest.mark.parametrize("num_q, num_q_heads, num_kv_heads, head_dim", [
+    (1, 32, 4, 512),  # Gemma 4 31B full layers: decode / one draft row
+    (9, 32, 4, 512),  # 31B verifying 8 drafts: two M tiles
+    (5, 32, 16, 256),  # 31B sliding layers
+])
+def test_default_ring_fits_shared_memory_when_lowered_for_cuda(num_q, num_q_heads, num_kv_heads, head_dim):
+    """The whole Mosaic GPU lowering against an abstract H100 (no GPU): the default ring, q, limits
+    and barriers fit one CTA's 227 KiB, which the interpreter does not check."""
+    from tests._lowering import lower_for_cuda
+
+    q = jnp.zeros((1, num_q, num_q_heads, head_dim), jnp.bfloat16)
+    cache = jnp.zeros((1, num_kv_heads, 4096, head_dim), jnp.bfloat16)
+    lengths, positions = jnp.array([4000]), 3990 + jnp.arange(num_q)[None]
+    text = lower_for_cuda(lambda *args: decode_attention_wide(*args, q_positions=positions, interpret=False),
+                          q, cache, cache, lengths)
+    assert "mosaic_gpu" in text
