@@ -95,14 +95,19 @@ def start(target, drafter: Drafter, tokens, prompt_lengths, key, *, params, eos_
 
 def speculative_round(
     target: Model, drafter: Drafter, state: SpecState, *, num_draft_tokens, params, eos_ids, max_new_tokens,
-    tree: TreeShape | None = None, impl="auto",
+    tree: TreeShape | None = None, impl="auto", acceptance=None,
 ) -> SpecState:
     """One round: propose drafts (a chain of ``num_draft_tokens``, or a ``tree``), verify them in one
     target forward, accept, commit.
 
     ``drafter`` must be bound to ``target`` (``drafter.bind(target)``, which
-    ``speculative_generate`` does).
+    ``speculative_generate`` does). ``acceptance``: a callable (a pytree, e.g. the benchmarks'
+    ``ControlledAcceptance``) that replaces the verification rule of a chain round,
+    ``(key, logits [batch, k+1, vocab], draft_tokens [batch, k], round_index [batch]) ->
+    (num_accepted, next_token)``; the output is then whatever it accepts, not the target's.
     """
+    if acceptance is not None and tree is not None:
+        raise ValueError("an acceptance rule replaces chain verification; tree rounds verify by the tree's rules")
     key, draft_key, accept_key = jax.random.split(state.key, 3)
     base = state.target_kv.lengths
     ctx = RoundContext(state.history, base, state.root, state.features, state.target_kv)
@@ -113,7 +118,9 @@ def speculative_round(
         verify_tokens = jnp.concatenate([state.root[:, None], draft_tokens], axis=1)  # [batch, k+1]
         logits, features, target_kv = forward(target, verify_tokens, state.target_kv, capture=drafter.capture,
                                               impl=impl)
-        if params.greedy:
+        if acceptance is not None:
+            num_accepted, next_token = acceptance(accept_key, logits, draft_tokens, state.rounds)
+        elif params.greedy:
             num_accepted, next_token = verify.greedy(logits, draft_tokens)
         else:
             num_accepted, next_token = verify.rejection_sample(
@@ -192,11 +199,12 @@ def _accept(state, drafter, key, verify_tokens, num_accepted, next_token, featur
 )
 def speculative_on_device(
     target, drafter, tokens, prompt_lengths, key, max_new_tokens, *,
-    params, eos_ids, num_draft_tokens, capacity, max_len, tree=None, impl="auto",
+    params, eos_ids, num_draft_tokens, capacity, max_len, tree=None, impl="auto", acceptance=None,
 ):
     """Prefill, then speculation rounds in a ``lax.while_loop`` until every sequence is done.
 
-    ``max_new_tokens`` is traced. Returns (history ``[batch, capacity]``, emitted counts,
+    ``max_new_tokens`` is traced, and so are the leaves of ``acceptance`` (see
+    :func:`speculative_round`). Returns (history ``[batch, capacity]``, emitted counts,
     rounds, accepted drafts), each per sequence.
     """
     state = start(
@@ -208,7 +216,7 @@ def speculative_on_device(
     def round_(s):
         return speculative_round(
             target, drafter, s, num_draft_tokens=num_draft_tokens, params=params,
-            eos_ids=eos_ids, max_new_tokens=max_new_tokens, tree=tree, impl=impl,
+            eos_ids=eos_ids, max_new_tokens=max_new_tokens, tree=tree, impl=impl, acceptance=acceptance,
         )
 
     state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), round_, state)

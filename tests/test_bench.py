@@ -74,9 +74,10 @@ def test_decode_tiny(tmp_path):
     assert out.with_suffix(".png").exists()
 
 
-def test_spec_tiny_oracle_accepts_everything_at_alpha_1(tmp_path):
+def test_spec_tiny_controlled_acceptance_accepts_everything_at_alpha_1(tmp_path):
     """A Gemma 4 target drafted by a Llama-family draft model: rounds with stages, end to end,
-    the policy; at alpha = 1 the oracle's drafts are all accepted (k + 1 tokens per round)."""
+    the policy; at alpha = 1 every draft is accepted (k + 1 tokens per round), and the JSON says
+    how acceptance was controlled."""
     out = tmp_path / "spec.json"
     _bench("spec", "--tiny", "--out", out, "--target", "tiny-gemma4", "--alpha", "1.0")
     result = _result(out)
@@ -84,6 +85,7 @@ def test_spec_tiny_oracle_accepts_everything_at_alpha_1(tmp_path):
     assert round_["k"] == 2 and round_["overhead_ratio"] > 0 and {"propose", "verify"} <= set(round_["timings"])
     (e2e,) = report.rows(result, "end_to_end")
     assert e2e["mean_acceptance_length"] == e2e["expected_acceptance_length"] == 3
+    assert e2e["acceptance_method"].startswith("controlled: each round accepts a drawn number of drafts")
     assert {r["k"] for r in report.rows(result, "policy")} <= {0, 2}
     assert round_costs_from_benchmark(out) == {1: {2: round_["overhead_ratio"]}}  # what jspec.policy reads
     assert out.with_suffix(".png").exists()
@@ -113,8 +115,8 @@ def test_catch_up_tiny(tmp_path):
 
 def test_frozen_kv_tiny(tmp_path):
     """The Gemma 4 assistant: a round vs a decode step (a chain and a tree), the seed folded vs
-    separate (same drafts, checked by the command), end to end with the oracle set to a target
-    acceptance length."""
+    separate (same drafts, checked by the command), end to end with acceptance controlled to a
+    target acceptance length."""
     out = tmp_path / "frozen_kv.json"
     _bench("frozen-kv", "--tiny", "--out", out)
     result = _result(out)

@@ -1,2 +1,2 @@
-"""The benchmark lab: presets, timing, roofline, the oracle drafter, the HF peer, plots and the
+"""The benchmark lab: presets, timing, roofline, controlled acceptance, the HF peer, plots and the
 ``python -m jspec.bench`` CLI. It imports the library; the library never imports it."""

@@ -3,7 +3,7 @@
 Subcommands:
   decode    ms/token of the on-device greedy decode loop and its HBM roofline fraction
   spec      one speculation round vs one plain decode step (per k, per stage), and end-to-end
-            tokens/s against plain decode at controlled acceptance (oracle drafter)
+            tokens/s against plain decode at controlled acceptance
   compile   compile time of the whole speculative program for several k
   kernels   Pallas kernel benchmarks and GPU correctness checks (actions: copy-bandwidth, check,
             decode-attention, gather-rows, plot, merge, all)

@@ -15,7 +15,7 @@ target gets H_a 1024 as the 26B-A4B assistant and E4B gets H_a 256 as the E2B on
   (``separate_synced``, host glue between two programs); each sample is ``--propose-calls``
   calls back to back;
 * ``end_to_end`` rows: ``spec``'s tokens/s against plain decoding at controlled acceptance, the
-  oracle's per-token acceptance ``alpha`` solved per k from a target mean acceptance length
+  per-draft acceptance ``alpha`` solved per k from a target mean acceptance length
   (``--acceptance K:LENGTH``; default SGLang's Gemma-4-31B GSM8K topk-1 figures, 4.48 at 6 draft
   tokens -- read both as k = 5, SGLang's speculative_num_draft_tokens counting the root, and as
   k = 6 -- and 2.54 at 3 steps).
@@ -156,7 +156,7 @@ def run(args):
 
     for name in args.targets:
         target = load_target(name, dtype, args.seed)
-        if not args.assistant:  # random weights: make the oracle's reference continuation stable
+        if not args.assistant:  # random weights whose greedy continuation survives bf16 rounding
             target = confident(target, args.seed)
         drafter = make_drafter(target, name, path=args.assistant, dtype=dtype, seed=args.seed, impl=args.impl)
         a = drafter.assistant.config
@@ -187,7 +187,7 @@ def run(args):
         del target, drafter
     notes.append("round / decode step: medians of back-to-back donated jitted calls (both dispatched); propose: "
                  "the seed step inside the draft scan (folded) vs a separate jitted call before it; end to end: "
-                 "oracle acceptance alpha solved from the target acceptance length. No real assistant weights were "
+                 "controlled acceptance (a drawn number of drafts per round), alpha solved from the target acceptance length. No real assistant weights were "
                  "reachable here, so the acceptance of rope_position 'bonus' vs 'last_committed' on real weights "
                  "(REFERENCE.md section 8 item 1) is not measured.")
     save()

@@ -37,7 +37,7 @@ def spec(result, path):
     a2.axhline(1.0, color="grey", lw=0.8)
     a2.set_xlabel("mean acceptance length (tokens per verify)")
     a2.set_ylabel("speed-up over plain decode")
-    a2.set_title("end to end, oracle drafter at controlled acceptance")
+    a2.set_title("end to end at controlled acceptance")
     for ax in (a1, a2):
         if ax.get_legend_handles_labels()[0]:
             ax.legend()

@@ -1,5 +1,5 @@
 """Benchmark targets: preset shapes (random weights made on the device) or checkpoints, the
-``confident`` weights that make an oracle's reference continuation stable, random prompts."""
+``confident`` weights whose greedy continuation survives bf16 rounding, random prompts."""
 
 from __future__ import annotations
 
@@ -126,9 +126,9 @@ def confident(model: Model, seed: int = 0, residual_scale: float = 1e-2) -> Mode
     """Random weights whose greedy continuation survives bf16 rounding.
 
     Plain random weights give near-tied logits, so a verify forward over k+1 rows (different
-    rounding than a one-row decode step) often picks another argmax and no oracle can predict
-    it. Here the LM head is a permutation of the embedding table and the attention / MLP
-    outputs are scaled down, so the residual stream stays close to the input embedding and
+    rounding than a one-row decode step) often picks another argmax, and a drafter that follows
+    the target (self-drafting) is rejected. Here the LM head is a permutation of the embedding
+    table and the attention / MLP outputs are scaled down, so the residual stream stays close to the input embedding and
     token ``t`` is followed by ``perm[t]`` with a wide margin. Shapes, bytes and FLOPs are
     those of the original model.
     """

@@ -5,13 +5,15 @@
   for ``--stages-k`` also propose and verify timed alone as separate programs, and accept +
   commit = round - propose - verify.
 * ``end_to_end`` rows: tokens/s of ``speculative_generate``'s on-device loop against plain
-  decoding (``(n - 1) / (T(n) - T(1))``), at controlled acceptance: the oracle drafter proposes
-  the target's own greedy continuation, each token corrupted with probability ``1 - alpha``,
-  while paying the real drafter's compute (``--alpha -1``: the drafter alone).
+  decoding (``(n - 1) / (T(n) - T(1))``), at controlled acceptance: the real drafter proposes and
+  the target verifies, but the round accepts a drawn number of drafts, each with probability
+  ``alpha`` (:class:`jspec.bench.controlled.ControlledAcceptance`; ``--alpha -1``: greedy
+  verification, the drafter's own acceptance).
 * ``policy`` rows: the k that ``jspec.policy`` picks from the measured round costs.
 * ``--hf``: HF transformers on the same shapes (``hf_peer`` / ``hf_ratio`` rows).
 
-Preset targets get :func:`jspec.bench.presets.confident` weights. Writes ``--out`` and a PNG.
+Preset targets get :func:`jspec.bench.presets.confident` weights (a drafter's own acceptance, e.g.
+self-drafting at ``--alpha -1``, then survives bf16 rounding). Writes ``--out`` and a PNG.
 
   python -m jspec.bench spec --out spec.json --target llama-3.1-8b --drafter eagle3 --k 2 4
 """
@@ -29,7 +31,7 @@ from tqdm.auto import tqdm
 from jspec import engine, speculative
 from jspec.bench import decode, plots, report
 from jspec.bench.flags import common, subcommand
-from jspec.bench.oracle import Oracle
+from jspec.bench.controlled import ACCEPTANCE_METHOD, ControlledAcceptance, expected_acceptance_length
 from jspec.bench.presets import GREEDY, PRESETS, confident, is_tiny, load_target, random_prompts, weights_note
 from jspec.bench.timing import compile_all, time_fn, time_steps
 from jspec.drafters import MTP, DraftModel, Eagle3, Eagle3Config, NGram, init_eagle3_head, init_mtp_head
@@ -147,36 +149,28 @@ def end_to_end(target, drafter, batch, args, tags) -> list[dict]:
     plain, width = decode.plain_loop(target, batch, context, n, args.impl, seed=1)
     t1, tn = time_fn(lambda: plain(1), repeats=args.repeats), time_fn(lambda: plain(n), repeats=args.repeats)
     plain_tps = batch * (n - 1) / (tn.median_s - t1.median_s)
-    # The reference continuation the oracle replays: the target's own greedy output, long enough
-    # for the drafts of the last round (k past the n-th token).
     k_max = max(args.k_end_to_end)
-    longer, reference_width = (plain, width) if width > n + k_max else decode.plain_loop(
-        target, batch, context, n + k_max + 1, args.impl, seed=1)
-    out, _ = longer(reference_width)
     prompts = random_prompts(batch, context, vocab, 1)
     lengths = jnp.full((batch,), context, jnp.int32)
     capacity = engine.cache_length(context, context + width + k_max + 1)
-    reference = jnp.zeros((batch, capacity), jnp.int32).at[:, :context].set(prompts)
-    kept = min(reference_width, capacity - context)
-    reference = reference.at[:, context: context + kept].set(out[:, :kept])
     rows = []
     for alpha in tqdm(args.alpha, desc="alpha"):
-        # alpha < 0: the drafter on its own, no oracle (e.g. --drafter self accepts everything)
-        oracle = drafter if alpha < 0 else Oracle(drafter, reference, jnp.float32(alpha), vocab)
+        # alpha < 0: the drafter's own acceptance under greedy verification (e.g. --drafter self)
+        acceptance = None if alpha < 0 else ControlledAcceptance(jnp.float32(alpha))
         for k in args.k_end_to_end:
             spec = lambda m, k=k: speculative.speculative_on_device(  # noqa: E731
-                target, oracle, prompts, lengths, jax.random.key(0), jnp.int32(m), params=GREEDY, eos_ids=(),
-                num_draft_tokens=k, capacity=capacity, max_len=capacity, impl=args.impl,
+                target, drafter, prompts, lengths, jax.random.key(0), jnp.int32(m), params=GREEDY, eos_ids=(),
+                num_draft_tokens=k, capacity=capacity, max_len=capacity, impl=args.impl, acceptance=acceptance,
             )
             s1, sn = time_fn(lambda: spec(1), repeats=args.repeats), time_fn(lambda: spec(n), repeats=args.repeats)
             _, _, rounds, accepted = spec(n)
             spec_tps = batch * (n - 1) / (sn.median_s - s1.median_s)
             rounds, accepted = np.asarray(rounds).sum(), np.asarray(accepted).sum()
-            expected = None if alpha < 0 else (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1
             rows.append(dict(
                 measure="end_to_end", **tags, batch=batch, alpha=alpha, k=k, new_tokens=n,
+                acceptance_method=ACCEPTANCE_METHOD if alpha >= 0 else "the drafter's own, greedy verification",
                 mean_acceptance_length=float((accepted + rounds) / max(rounds, 1)),
-                expected_acceptance_length=expected, spec_tokens_per_s=spec_tps, plain_tokens_per_s=plain_tps,
+                expected_acceptance_length=None if alpha < 0 else expected_acceptance_length(alpha, k), spec_tokens_per_s=spec_tps, plain_tokens_per_s=plain_tps,
                 speedup=spec_tps / plain_tps,
                 timings={"spec_1_token": s1.as_dict(), f"spec_{n}_tokens": sn.as_dict(),
                          "plain_1_token": t1.as_dict(), f"plain_{n}_tokens": tn.as_dict()},
@@ -212,7 +206,7 @@ def hf_rows(target, drafter, end_to_end_rows, args, env) -> list[dict]:
         ratios["plain_jspec_over_hf_eager"] = ours[0]["plain_tokens_per_s"] / tps["eager_dynamic_cache"]
     if ours and tps.get("static_cache_compiled"):
         ratios["plain_jspec_over_hf_static_compiled"] = ours[0]["plain_tokens_per_s"] / tps["static_cache_compiled"]
-    # Random weights: HF's draft model accepts ~nothing, matched by jspec's oracle at alpha = 0.
+    # Random weights: HF's draft model accepts ~nothing, matched by controlled acceptance at alpha = 0.
     zero = [r for r in ours if r["alpha"] == 0.0]
     if zero and tps.get("assisted_draft_model"):
         ratios["spec_alpha0_jspec_over_hf_assisted_draft"] = zero[0]["spec_tokens_per_s"] / tps["assisted_draft_model"]
@@ -223,7 +217,7 @@ def hf_rows(target, drafter, end_to_end_rows, args, env) -> list[dict]:
 def run(args):
     dtype = jnp.dtype(args.dtype)
     target = load_target(args.target, dtype, args.seed)
-    if args.target in PRESETS:  # random weights: make the oracle's reference continuation stable
+    if args.target in PRESETS:  # random weights whose greedy continuation survives bf16 rounding
         target = confident(target, args.seed)
     drafter = make_drafter(args.drafter, target, draft=args.draft, dtype=dtype, seed=args.seed, impl=args.impl)
     names = [args.target] + ([args.draft] if args.drafter == "draft-model" else [])
@@ -252,7 +246,7 @@ def run(args):
 
 
 TINY = dict(target=lambda t: t if is_tiny(t) else "tiny", draft=lambda d: d if is_tiny(d) else "tiny-draft", context=32,
-            k=[2], new_tokens=28,  # < the 32-token output buffer minus k: one plain program serves the oracle too
+            k=[2], new_tokens=28,
             k_end_to_end=[2], alpha=[0.8], stages_k=[2], repeats=2)
 
 
@@ -269,8 +263,8 @@ def register(subparsers):
     s.add_argument("--stages-k", type=int, nargs="*", default=[4], help="k values whose stages are timed alone")
     s.add_argument("--k-end-to-end", type=int, nargs="+", default=[4])
     s.add_argument("--alpha", type=float, nargs="*", default=[0.0, 0.6, 0.8, 0.9, 1.0],
-                   help="oracle acceptance rates for the end-to-end runs (none: skip them; -1: the drafter "
-                        "alone, without the oracle)")
+                   help="controlled per-draft acceptance rates for the end-to-end runs (none: skip them; -1: "
+                        "greedy verification, the drafter's own acceptance)")
     s.add_argument("--new-tokens", type=int, default=128)
     s.add_argument("--hf", action="store_true", help="also run HF transformers (torch, GPU) on the same shapes")
     s.add_argument("--compile-threads", type=int, default=8, help="round programs compile in parallel threads")
