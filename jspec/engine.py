@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec.compile_options import LOOP_COMPILER_OPTIONS
 from jspec.kv import KVCache
 from jspec.models import AnyModel as Model, forward
 from jspec.models.base import NO_CAPTURE, Capture
@@ -171,14 +172,16 @@ def output_width(max_new_tokens: int) -> int:
     return bucket(max_new_tokens)
 
 
-@functools.partial(jax.jit, static_argnames=("params", "eos_ids", "output_width", "max_len", "impl"))
+@functools.partial(jax.jit, static_argnames=("params", "eos_ids", "output_width", "max_len", "impl"),
+                   compiler_options=LOOP_COMPILER_OPTIONS)
 def generate_on_device(
     model, tokens, prompt_lengths, key, max_new_tokens, *, params, eos_ids, output_width, max_len, impl="auto"
 ):
     """Prefill, then decode in a ``lax.while_loop`` until every sequence is done.
 
     ``max_new_tokens`` is a traced scalar (<= ``output_width``). Returns the output buffer
-    ``[batch, output_width]`` and the number of valid tokens per sequence ``[batch]``.
+    ``[batch, output_width]`` and the number of valid tokens per sequence ``[batch]``. Compiled
+    with :data:`jspec.compile_options.LOOP_COMPILER_OPTIONS`.
     """
     state = start_decoding(
         model, tokens, prompt_lengths, key, params=params, eos_ids=eos_ids,

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec import tree_verify, verify
+from jspec.compile_options import LOOP_COMPILER_OPTIONS
 from jspec.drafters.base import CommitContext, Drafter, PrefillContext, RoundContext
 from jspec.engine import cache_length, eos_tuple, is_eos, output_width, pad_prompts, prefill, validate_prompts
 from jspec.kv import KVCache
@@ -195,7 +196,8 @@ def _accept(state, drafter, key, verify_tokens, num_accepted, next_token, featur
 
 
 @functools.partial(
-    jax.jit, static_argnames=("params", "eos_ids", "num_draft_tokens", "capacity", "max_len", "tree", "impl")
+    jax.jit, static_argnames=("params", "eos_ids", "num_draft_tokens", "capacity", "max_len", "tree", "impl"),
+    compiler_options=LOOP_COMPILER_OPTIONS,
 )
 def speculative_on_device(
     target, drafter, tokens, prompt_lengths, key, max_new_tokens, *,
@@ -204,7 +206,7 @@ def speculative_on_device(
     """Prefill, then speculation rounds in a ``lax.while_loop`` until every sequence is done.
 
     ``max_new_tokens`` is traced, and so are the leaves of ``acceptance`` (see
-    :func:`speculative_round`). Returns (history ``[batch, capacity]``, emitted counts,
+    :func:`speculative_round`). Compiled with :data:`jspec.compile_options.LOOP_COMPILER_OPTIONS`. Returns (history ``[batch, capacity]``, emitted counts,
     rounds, accepted drafts), each per sequence.
     """
     state = start(

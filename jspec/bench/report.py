@@ -5,7 +5,8 @@ A result is::
     {"schema": "jspec.bench/1",
      "command": "spec" | "kernels check" | ...,       # subcommand [action]
      "argv": [...],                                   # the command line
-     "environment": {device, platform, jax_version, python, dtype, seed, weights, date, xla_flags},
+     "environment": {device, platform, jax_version, python, dtype, seed, weights, date, xla_flags,
+                     loop_compiler_options},                   # the last one since 2026-11-26
      "rows": [{"measure": "<name>", ...fields...}, ...],
      ...}                                             # a few extras: copy_bandwidth, notes
 
@@ -20,6 +21,8 @@ import os
 import platform
 import time
 from pathlib import Path
+
+from jspec.compile_options import LOOP_COMPILER_OPTIONS
 
 SCHEMA = "jspec.bench/1"
 ENVIRONMENT_KEYS = ("device", "platform", "jax_version", "python", "dtype", "seed", "weights", "date", "xla_flags")
@@ -42,6 +45,8 @@ def environment(dtype, seed: int | None, *, weights: str = "random (generated on
         "weights": weights,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        # What jspec's on-device loops are compiled with, whatever XLA_FLAGS says.
+        "loop_compiler_options": dict(LOOP_COMPILER_OPTIONS),
     }
 
 
