@@ -7,9 +7,21 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import skinny_matmul
-from pallas_kernels.gather_rows import rms_norm
+from pallas_kernels._dispatch import check_impl
+from pallas_kernels.gather_rows import gather_rows_pallas, rms_norm as _rms_norm
 
 __all__ = ["rms_norm", "rms_norm_fp32_scale", "linear", "gated_mlp", "silu_mlp"]
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, impl: str = "auto") -> jax.Array:
+    """Llama RMSNorm over the last axis (normalise in fp32, cast, scale). ``impl="invariant"``: the
+    row-norm kernel (a fixed-order sum of squares per row), whose result for a row never depends on
+    the program around it; XLA's fused reductions may sum in another order in another fusion."""
+    if check_impl(impl, "gather_rows") != "invariant":
+        return _rms_norm(x, weight, eps)
+    rows = x.reshape(1, -1, x.shape[-1])
+    every_row = jnp.arange(rows.shape[1], dtype=jnp.int32)[None]
+    return gather_rows_pallas(rows, every_row, norm_weight=weight, eps=eps).reshape(x.shape)
 
 
 def rms_norm_fp32_scale(x: jax.Array, weight: jax.Array | None, eps: float) -> jax.Array:

@@ -30,6 +30,8 @@ rows x GQA group and neither window nor tail mask run on a GPU in the Mosaic GPU
 
 ``impl="auto"`` (see :func:`use_pallas`): the reference on CPU; on a GPU the kernel wherever the
 recorded benchmarks show it faster (figures: ``benchmarks/README.md``, decode attention).
+``impl="invariant"``: :mod:`pallas_kernels.invariant_attention` (each row's output independent of
+the other rows, the batch and the cache capacity; no tree attention).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from jax import lax
 
 from pallas_kernels._dispatch import check_impl, on_gpu
 from pallas_kernels.flash_decoding import _effective_tail_mask, decode_attention_pallas
+from pallas_kernels.invariant_attention import decode_attention_invariant
 from pallas_kernels.split_kv import _MASK_VALUE
 from pallas_kernels.wide_head_decode import decode_attention_wide, supports as wide_kernel_supports
 
@@ -159,6 +162,10 @@ def decode_attention(q, k, v, kv_lengths, *, q_positions, tail_mask=None, window
         batch, num_q, num_q_heads, head_dim = q.shape
         use = on_gpu() and use_pallas(batch, num_q, num_q_heads, k.shape[1], k.shape[2], head_dim, k.dtype)
         impl = "pallas" if use else "xla"
+    if impl == "invariant":
+        if tail_mask is not None:
+            raise ValueError("impl='invariant' has no tree attention (tail_mask) yet: draft trees run with another impl")
+        return decode_attention_invariant(q, k, v, kv_lengths, q_positions=q_positions, window=window, scale=scale)
     if impl == "pallas" and on_gpu() and use_wide_kernel(*q.shape[:3], *k.shape[1:3], q.shape[3], k.dtype,
                                                            tail_mask=tail_mask, window=window):
         return decode_attention_wide(q, k, v, kv_lengths, q_positions=q_positions, scale=scale)

@@ -14,7 +14,8 @@ The Pallas kernel (Triton backend) runs one program per gathered row: it reads t
 a pointer window over ``x[b]`` (flattened, so any ``hidden`` works: iota offsets + mask in
 power-of-two chunks), reduces the sum of squares in fp32 and writes the normed row -- one launch
 instead of XLA's gather + reduce + scale. ``impl="auto"`` uses the reference everywhere (the
-kernel measured no consistent win, see :func:`use_pallas`); ``impl="pallas"`` forces the kernel.
+kernel measured no consistent win, see :func:`use_pallas`); ``impl="pallas"`` forces the kernel;
+``impl="invariant"`` takes it whenever it norms (its per-row sum of squares has a fixed order).
 """
 
 from __future__ import annotations
@@ -131,6 +132,6 @@ def gather_rows(x, rows, *, norm_weight=None, eps=1e-6, impl="auto"):
         n = 1 if rows.ndim == 1 else rows.shape[1]
         use = on_gpu() and use_pallas(x.shape[0], n, x.shape[1], x.shape[2], norm_weight is not None)
         impl = "pallas" if use else "xla"
-    if impl == "pallas":
+    if impl == "pallas" or (impl == "invariant" and norm_weight is not None):
         return gather_rows_pallas(x, rows, norm_weight=norm_weight, eps=eps)
     return gather_rows_reference(x, rows, norm_weight=norm_weight, eps=eps)

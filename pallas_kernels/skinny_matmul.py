@@ -55,13 +55,15 @@ def skinny_matmul_reference(x, w):
 
 @dataclasses.dataclass(frozen=True)
 class SkinnyConfig:
-    """Tiling of the Pallas kernel (all sizes static)."""
+    """Tiling of the Pallas kernel (all sizes static). ``block_m``: rows per M tile, a grid axis
+    over any number of rows (None: all rows in one tile of 16..64, padded to a power of two)."""
 
     block_n: int = 64
     block_k: int = 256
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
+    block_m: int | None = None
 
 
 # Tilings from the sweeps of the Llama-3.2-1B / 3.1-8B projection shapes as the model fuses them
@@ -107,6 +109,15 @@ def default_config(m: int, k: int, n: int, itemsize: int = 2) -> SkinnyConfig:
                         num_warps=4, num_stages=4)
 
 
+def invariant_config(k: int, n: int, itemsize: int = 2) -> SkinnyConfig:
+    """A tiling that depends on the weight's shape only, never on the rows: 16-row M tiles, no
+    split-K, one fixed K step. Each row's result is then the same sum in the same order whether it
+    is computed alone, among verify rows, in a batch or in a prefill (``impl="invariant"``)."""
+    return SkinnyConfig(block_n=min(128, _pow2_at_least(n, 16)),
+                        block_k=min(128 if itemsize <= 2 else 64, _pow2_at_least(k, 16)),
+                        split_k=1, num_warps=4, num_stages=4, block_m=16)
+
+
 def _pow2_at_least(v: int, lo: int) -> int:
     return max(lo, 1 << max(0, math.ceil(math.log2(max(v, 1)))))
 
@@ -120,7 +131,7 @@ def _kernel(x_ref, w_ref, o_ref, *, m, k, n, block_m, block_k, block_n, k_per_sp
     pid_s = pl.program_id(1)
     num_k_steps = k_per_split // block_k
 
-    row_ok = (jnp.arange(block_m) < m) if mask_m else None
+    row_ok = (pl.program_id(2) * block_m + jnp.arange(block_m) < m) if mask_m else None
     col_ok = (pid_n * block_n + jnp.arange(block_n) < n) if mask_n else None
 
     def body(step, acc):
@@ -163,10 +174,10 @@ def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool):
     m, k = x.shape
     k2, n = w.shape
     assert k == k2, (x.shape, w.shape)
-    if m > MAX_M:
-        raise ValueError(f"the skinny-matmul kernel takes at most {MAX_M} rows, got {m}")
     cfg = config
-    block_m = _pow2_at_least(m, 16)
+    if m > MAX_M and cfg.block_m is None:
+        raise ValueError(f"the skinny-matmul kernel takes at most {MAX_M} rows in one tile, got {m}")
+    block_m = cfg.block_m or _pow2_at_least(m, 16)
     block_k, block_n, split_k = cfg.block_k, cfg.block_n, cfg.split_k
     for name, v in (("block_k", block_k), ("block_n", block_n)):
         if v < 16 or v & (v - 1):
@@ -179,25 +190,25 @@ def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool):
     steps = pl.cdiv(pl.cdiv(k, split_k), block_k)
     k_per_split = steps * block_k
     split_k = pl.cdiv(k, k_per_split)  # drop splits that would be empty
-    grid = (pl.cdiv(n, block_n), split_k)
+    grid = (pl.cdiv(n, block_n), split_k, pl.cdiv(m, block_m))
     compute_dtype = jnp.promote_types(x.dtype, w.dtype)
     precision = (jax.lax.Precision.HIGHEST if compute_dtype == jnp.float32
                  else jax.lax.Precision.DEFAULT)
     kernel = functools.partial(
         _kernel, m=m, k=k, n=n, block_m=block_m, block_k=block_k, block_n=block_n,
-        k_per_split=k_per_split, mask_m=block_m != m,
+        k_per_split=k_per_split, mask_m=m % block_m != 0,
         mask_k=split_k * k_per_split != k, mask_n=n % block_n != 0,
         compute_dtype=compute_dtype, precision=precision)
     in_specs = [
-        pl.BlockSpec((block_m, k_per_split), lambda i, s: (0, s)),
-        pl.BlockSpec((k_per_split, block_n), lambda i, s: (s, i)),
+        pl.BlockSpec((block_m, k_per_split), lambda i, s, r: (r, s)),
+        pl.BlockSpec((k_per_split, block_n), lambda i, s, r: (s, i)),
     ]
     if split_k == 1:
         out_shape = jax.ShapeDtypeStruct((m, n), x.dtype)
-        out_spec = pl.BlockSpec((block_m, block_n), lambda i, s: (0, i))
+        out_spec = pl.BlockSpec((block_m, block_n), lambda i, s, r: (r, i))
     else:
         out_shape = jax.ShapeDtypeStruct((split_k, m, n), jnp.float32)
-        out_spec = pl.BlockSpec((None, block_m, block_n), lambda i, s: (s, 0, i))
+        out_spec = pl.BlockSpec((None, block_m, block_n), lambda i, s, r: (s, r, i))
     out = pl.pallas_call(
         kernel,
         out_shape=out_shape,
@@ -245,9 +256,13 @@ def _auto_uses_pallas(m: int, k: int, n: int, x_dtype, w_dtype) -> bool:
 
 
 def skinny_matmul(x, w, *, impl="auto"):
-    """Dispatcher: ``x @ w`` for x [..., K], w [K, N] -> [..., N]."""
+    """Dispatcher: ``x @ w`` for x [..., K], w [K, N] -> [..., N]. ``impl="invariant"``: the kernel
+    with :func:`invariant_config`, for any number of rows."""
     impl = check_impl(impl, "skinny_matmul")
     m = math.prod(x.shape[:-1])
+    if impl == "invariant":
+        itemsize = jnp.dtype(jnp.promote_types(x.dtype, w.dtype)).itemsize
+        return skinny_matmul_pallas(x, w, config=invariant_config(*w.shape, itemsize))
     if impl == "pallas":
         if m > MAX_M:
             raise ValueError(

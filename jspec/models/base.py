@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec.layers import linear
+from pallas_kernels._dispatch import check_impl
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +73,8 @@ def token_positions(
 def lm_head(embed: jax.Array, head: jax.Array | None, h: jax.Array, *, impl: str = "auto") -> jax.Array:
     """Logits in fp32 for normed hidden rows ``h [..., hidden]`` -> ``[..., vocab]``; ``head
     [hidden, vocab]``, or None when tied to ``embed [vocab, hidden]``."""
+    if head is None and check_impl(impl, "skinny_matmul") == "invariant":
+        head = embed.T  # the row-invariant matmul takes [hidden, vocab]: a transposed copy
     if head is None:
         # Tied: contract against the embedding table as stored, no transposed copy.
         return jnp.einsum("...h,vh->...v", h, embed, preferred_element_type=jnp.float32)

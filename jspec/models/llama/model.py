@@ -77,8 +77,8 @@ def attention(
     k = k.reshape(batch, num_rows, c.num_kv_heads, c.head_dim)
     v = v.reshape(batch, num_rows, c.num_kv_heads, c.head_dim)
     if layer.q_norm is not None:
-        q = rms_norm(q, layer.q_norm, c.rms_norm_eps)
-        k = rms_norm(k, layer.k_norm, c.rms_norm_eps)
+        q = rms_norm(q, layer.q_norm, c.rms_norm_eps, impl=impl)
+        k = rms_norm(k, layer.k_norm, c.rms_norm_eps, impl=impl)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     k_buf = write_rows(k_buf, k.transpose(0, 2, 1, 3), lengths)
     v_buf = write_rows(v_buf, v.transpose(0, 2, 1, 3), lengths)
@@ -119,14 +119,14 @@ def decoder_layer(
     tree attention among the ``T`` rows (``jspec.models.base``); not with ``keep_rows``.
     Returns ``(x, k_buf, v_buf)``.
     """
-    h = rms_norm(x, layer.attn_norm, c.rms_norm_eps) if attn_input is None else attn_input
+    h = rms_norm(x, layer.attn_norm, c.rms_norm_eps, impl=impl) if attn_input is None else attn_input
     attn_out, k_buf, v_buf = attention(
         layer, c, h, positions, cos, sin, k_buf, v_buf, lengths, keep_rows=keep_rows, tree_mask=tree_mask, impl=impl
     )
     if keep_rows is not None:
         x = gather_rows(x, keep_rows, impl=impl)[:, None]
     x = x + attn_out
-    x = x + silu_mlp(rms_norm(x, layer.mlp_norm, c.rms_norm_eps), layer.gate_up, layer.down, impl=impl)
+    x = x + silu_mlp(rms_norm(x, layer.mlp_norm, c.rms_norm_eps, impl=impl), layer.gate_up, layer.down, impl=impl)
     return x, k_buf, v_buf
 
 
@@ -171,7 +171,7 @@ def forward(
 
     normed = None
     if capture.final_normed or (compute_logits and logits_rows is None):
-        normed = rms_norm(x, model.final_norm, c.rms_norm_eps)
+        normed = rms_norm(x, model.final_norm, c.rms_norm_eps, impl=impl)
         features += (normed,) if capture.final_normed else ()
     if not compute_logits:
         logits = None

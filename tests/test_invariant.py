@@ -1,0 +1,142 @@
+"""``impl="invariant"``: a row's result is bitwise the same whatever is computed with it (other
+rows, other sequences, the cache's capacity), so speculative greedy output equals plain greedy
+output bitwise in bf16. Kernels in interpret mode on CPU; the tiny target's weights are small so
+that its logits nearly tie and a rounding difference would change a token."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jspec
+from jspec import forward
+from jspec.drafters import MTP, DraftModel, Eagle3, NGram, init_mtp_head
+from pallas_kernels.decode_attention import decode_attention, decode_attention_reference
+from pallas_kernels.invariant_attention import decode_attention_invariant
+from pallas_kernels.skinny_matmul import invariant_config, skinny_matmul, skinny_matmul_pallas, skinny_matmul_reference
+from tests._lowering import lower_for_cuda, triton_kernel_count
+from tests.tiny import TINY, eagle3_head
+
+INVARIANT = "invariant"
+PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [1, 2, 3], [9, 8, 7, 6, 5, 4, 3, 2, 1, 9, 8]]  # ragged
+
+
+def _bf16(tree):
+    return jax.tree.map(lambda x: x.astype(jnp.bfloat16) if x.dtype == jnp.float32 else x, tree)
+
+
+@pytest.fixture(scope="module")
+def target():
+    # With weights this small, bf16 rounding differences between the default paths' decode and
+    # verify calls change greedy tokens (checked when this test was written, jax 0.12 on CPU).
+    return jspec.init_params(TINY, jax.random.key(0), jnp.bfloat16, scale=0.05)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("k, n", [(200, 150), (64, 97)])
+def test_matmul_rows_do_not_depend_on_the_rows_beside_them(dtype, k, n):
+    x = jax.random.normal(jax.random.key(0), (37, k), dtype)
+    w = jax.random.normal(jax.random.key(1), (k, n), dtype)
+    every_row = np.asarray(skinny_matmul(x, w, impl=INVARIANT))
+    np.testing.assert_allclose(every_row.astype(np.float32), np.asarray(skinny_matmul_reference(x, w), np.float32),
+                               rtol=2e-2, atol=2e-2)
+    for start, rows in [(0, 1), (5, 1), (3, 5), (10, 20), (36, 1)]:  # decode, verify, batch x rows, any M
+        np.testing.assert_array_equal(np.asarray(skinny_matmul(x[start:start + rows], w, impl=INVARIANT)),
+                                      every_row[start:start + rows])
+
+
+def _attention_case(*, batch=2, num_q=3, num_q_heads=4, num_kv_heads=2, max_len=256, head_dim=32):
+    keys = jax.random.split(jax.random.key(3), 3)
+    q = jax.random.normal(keys[0], (batch, num_q, num_q_heads, head_dim), jnp.bfloat16)
+    k, v = (jax.random.normal(key, (batch, num_kv_heads, max_len, head_dim), jnp.bfloat16) for key in keys[1:])
+    lengths = jnp.array([200, 70][:batch])
+    past = jnp.arange(max_len)[None, None, :, None] >= lengths[:, None, None, None]
+    k, v = jnp.where(past, jnp.nan, k), jnp.where(past, jnp.nan, v)  # rows past the length hold NaN
+    positions = lengths[:, None] - num_q + jnp.arange(num_q)[None]
+    return q, k, v, lengths, positions
+
+
+@pytest.mark.parametrize("window", [None, 40])
+def test_attention_rows_do_not_depend_on_rows_batch_or_capacity(window):
+    q, k, v, lengths, positions = _attention_case()
+    attend = lambda q, k, v, lengths, positions: np.asarray(decode_attention_invariant(  # noqa: E731
+        q, k, v, lengths, q_positions=positions, window=window, split_rows=64))  # 4 splits at fixed positions
+    every_row = attend(q, k, v, lengths, positions)
+    reference = decode_attention_reference(q, k, v, lengths, q_positions=positions, window=window)
+    np.testing.assert_allclose(every_row.astype(np.float32), np.asarray(reference, np.float32), atol=1e-2)
+    np.testing.assert_array_equal(attend(q[:, -1:], k, v, lengths, positions[:, -1:]), every_row[:, -1:])  # alone
+    np.testing.assert_array_equal(attend(q[1:], k[1:], v[1:], lengths[1:], positions[1:]), every_row[1:])  # batch
+    wider = [jnp.pad(x, ((0, 0), (0, 0), (0, 192), (0, 0)), constant_values=jnp.nan) for x in (k, v)]
+    np.testing.assert_array_equal(attend(q, *wider, lengths, positions), every_row)  # 7 splits, the same sums
+
+
+def test_attention_query_that_sees_nothing_gets_zeros_and_trees_are_refused():
+    q, k, v, lengths, _ = _attention_case(batch=1, num_q=2)
+    out = decode_attention_invariant(q, k, v, lengths, q_positions=jnp.array([[-1, 5]]))
+    np.testing.assert_array_equal(np.asarray(out[0, 0], np.float32), 0.0)
+    with pytest.raises(ValueError, match="tree"):
+        decode_attention(q, k, v, lengths, q_positions=jnp.array([[4, 5]]), tail_mask=jnp.ones((1, 2, 2), bool),
+                         impl=INVARIANT)
+
+
+def test_invariant_kernels_lower_for_cuda():
+    def attend(q, k, v, lengths, positions):
+        return decode_attention_invariant(q, k, v, lengths, q_positions=positions, interpret=False)
+
+    s = jax.ShapeDtypeStruct
+    text = lower_for_cuda(attend, s((2, 5, 32, 128), jnp.bfloat16), s((2, 8, 4096, 128), jnp.bfloat16),
+                          s((2, 8, 4096, 128), jnp.bfloat16), s((2,), jnp.int32), s((2, 5), jnp.int32))
+    assert triton_kernel_count(text) == 2  # the splits, then their merge
+    text = lower_for_cuda(lambda x, w: skinny_matmul_pallas(x, w, config=invariant_config(4096, 6144), interpret=False),
+                          s((100, 4096), jnp.bfloat16), s((4096, 6144), jnp.bfloat16))
+    assert triton_kernel_count(text) == 1
+
+
+def test_a_rows_logits_are_the_same_alone_among_verify_rows_and_in_a_batch(target):
+    step = jax.jit(forward, static_argnames=("impl",))
+    tokens = jax.random.randint(jax.random.key(1), (3, 12), 0, TINY.vocab_size)
+    batch_prefill, _, _ = step(target, tokens, target.init_cache(3, 128), impl=INVARIANT)
+    for b, n in enumerate([12, 7, 9]):  # each prompt alone, in a cache of another capacity
+        alone, _, _ = step(target, tokens[b:b + 1, :n], target.init_cache(1, 256), impl=INVARIANT)
+        np.testing.assert_array_equal(np.asarray(alone[0]), np.asarray(batch_prefill[b, :n]))
+    _, _, cache = step(target, tokens[:, :8], target.init_cache(3, 128), impl=INVARIANT)
+    verify, _, _ = step(target, tokens[:, 8:12], cache, impl=INVARIANT)  # 4 verify rows
+    for i in range(4):  # one decode row at a time, logits of the last row only (the decode step's path)
+        decoded, _, cache = forward(target, tokens[:, 8 + i:9 + i], cache, logits_rows=jnp.zeros((3, 1), jnp.int32),
+                                    impl=INVARIANT)
+        np.testing.assert_array_equal(np.asarray(decoded[:, 0]), np.asarray(verify[:, i]))
+        np.testing.assert_array_equal(np.asarray(decoded[:, 0]), np.asarray(batch_prefill[:, 8 + i]))
+
+
+def test_a_prompts_output_does_not_depend_on_its_batch(target):
+    together = jspec.generate(target, PROMPTS, 16, impl=INVARIANT)
+    assert together == [jspec.generate(target, [prompt], 16, impl=INVARIANT)[0] for prompt in PROMPTS]
+
+
+def _drafters(target):
+    return {
+        "draft-model": DraftModel(jspec.init_params(TINY, jax.random.key(1), jnp.bfloat16, scale=0.05),
+                                  impl=INVARIANT),
+        "ngram": NGram(),
+        "eagle3": Eagle3(_bf16(eagle3_head(3, target, aux=(0, 1, 1))), impl=INVARIANT),
+        "mtp": MTP(_bf16(init_mtp_head(target.config, jax.random.key(4), scale=0.3)), impl=INVARIANT),
+    }
+
+
+@pytest.mark.parametrize("name", ["draft-model", "ngram", "eagle3", "mtp"])
+def test_speculative_greedy_equals_plain_greedy_bitwise_in_bf16(target, name):
+    plain = jspec.generate(target, PROMPTS, 24, impl=INVARIANT)
+    result = jspec.speculative_generate(target, _drafters(target)[name], PROMPTS, 24, num_draft_tokens=3,
+                                        impl=INVARIANT)
+    assert result.tokens == plain
+
+
+def test_self_drafting_accepts_every_draft_in_bf16(target):
+    k = 3
+    result = jspec.speculative_generate(target, DraftModel(target, impl=INVARIANT), PROMPTS, 24, num_draft_tokens=k,
+                                        impl=INVARIANT)
+    assert result.tokens == jspec.generate(target, PROMPTS, 24, impl=INVARIANT)
+    # Every round accepts all k drafts; only a sequence's last round may be cut by max_new_tokens.
+    assert (result.stats["accepted"] >= k * (result.stats["rounds"] - 1)).all()
