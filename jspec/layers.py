@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from pallas_kernels import skinny_matmul
 from pallas_kernels._dispatch import check_impl
-from pallas_kernels.gather_rows import gather_rows_pallas, rms_norm as _rms_norm
+from pallas_kernels.gather_rows import FP32_SCALE, gather_rows_pallas, rms_norm as _rms_norm
 
 __all__ = ["rms_norm", "rms_norm_fp32_scale", "linear", "gated_mlp", "silu_mlp"]
 
@@ -19,14 +19,21 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, impl: str = "auto")
     the program around it; XLA's fused reductions may sum in another order in another fusion."""
     if check_impl(impl, "gather_rows") != "invariant":
         return _rms_norm(x, weight, eps)
+    return _norm_every_row(x, weight, eps, norm=None)
+
+
+def _norm_every_row(x, weight, eps, *, norm):
     rows = x.reshape(1, -1, x.shape[-1])
     every_row = jnp.arange(rows.shape[1], dtype=jnp.int32)[None]
-    return gather_rows_pallas(rows, every_row, norm_weight=weight, eps=eps).reshape(x.shape)
+    return gather_rows_pallas(rows, every_row, norm_weight=weight, eps=eps, norm=norm).reshape(x.shape)
 
 
-def rms_norm_fp32_scale(x: jax.Array, weight: jax.Array | None, eps: float) -> jax.Array:
+def rms_norm_fp32_scale(x: jax.Array, weight: jax.Array | None, eps: float, *, impl: str = "auto") -> jax.Array:
     """Gemma 4 RMSNorm: normalise and scale by ``weight`` in fp32, cast last (``rms_norm`` casts
-    before scaling). ``weight=None`` is the weightless variant (Gemma 4 ``v_norm``)."""
+    before scaling). ``weight=None`` is the weightless variant (Gemma 4 ``v_norm``).
+    ``impl="invariant"``: the row-norm kernel, as for :func:`rms_norm`."""
+    if check_impl(impl, "gather_rows") == "invariant":
+        return _norm_every_row(x, weight, eps, norm=FP32_SCALE)
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     if weight is not None:

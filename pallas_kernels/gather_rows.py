@@ -30,6 +30,7 @@ from jax.experimental.pallas import triton as plgpu
 from pallas_kernels._dispatch import check_impl, interpret_mode, on_gpu
 
 _MAX_CHUNK = 4096
+FP32_SCALE = "fp32_scale"  # gather_rows_pallas(norm=...): Gemma 4's RMSNorm
 
 
 def _next_pow2(n: int) -> int:
@@ -58,11 +59,12 @@ def gather_rows_reference(x, rows, *, norm_weight=None, eps=1e-6):
     return out[:, 0] if squeeze else out
 
 
-def _gather_kernel(rows_ref, x_ref, *refs, hidden: int, chunk: int, eps: float, has_norm: bool):
-    if has_norm:
+def _gather_kernel(rows_ref, x_ref, *refs, hidden: int, chunk: int, eps: float, norm: str | None, has_weight: bool):
+    if has_weight:
         w_ref, o_ref = refs
     else:
         (o_ref,) = refs
+    has_norm = norm is not None
     base = rows_ref[()] * hidden
     n_chunks = -(-hidden // chunk)
     offsets = [c * chunk + jnp.arange(chunk, dtype=jnp.int32) for c in range(n_chunks)]
@@ -75,6 +77,12 @@ def _gather_kernel(rows_ref, x_ref, *refs, hidden: int, chunk: int, eps: float, 
     sumsq = sum(jnp.sum(xc.astype(jnp.float32) ** 2) for xc in xs)
     inv = jax.lax.rsqrt(sumsq / hidden + eps)
     for off, msk, xc in zip(offsets, masks, xs):
+        if norm == FP32_SCALE:  # Gemma 4: scale in fp32 (no weight: by 1), cast last
+            normed = xc.astype(jnp.float32) * inv
+            if has_weight:
+                normed = normed * plgpu.load(w_ref.at[off], mask=msk, other=0).astype(jnp.float32)
+            plgpu.store(o_ref.at[off], normed.astype(o_ref.dtype), mask=msk)
+            continue
         w = plgpu.load(w_ref.at[off], mask=msk, other=0)
         normed = (xc.astype(jnp.float32) * inv).astype(xc.dtype)
         y = w.astype(jnp.float32) * normed.astype(jnp.float32)
@@ -83,7 +91,9 @@ def _gather_kernel(rows_ref, x_ref, *refs, hidden: int, chunk: int, eps: float, 
         plgpu.store(o_ref.at[off], y, mask=msk)
 
 
-def gather_rows_pallas(x, rows, *, norm_weight=None, eps=1e-6, num_warps=None, interpret=None):
+def gather_rows_pallas(x, rows, *, norm_weight=None, eps=1e-6, norm=None, num_warps=None, interpret=None):
+    """The kernel. ``norm``: None (the Llama RMSNorm when ``norm_weight`` is given, else no norm) or
+    :data:`FP32_SCALE` (Gemma 4's RMSNorm, scaled in fp32 and cast last; ``norm_weight`` None: no scale)."""
     batch, seq_len, hidden = x.shape
     squeeze = rows.ndim == 1
     idx = _normalize_rows(rows[:, None] if squeeze else rows, seq_len)  # [B, n]
@@ -91,14 +101,16 @@ def gather_rows_pallas(x, rows, *, norm_weight=None, eps=1e-6, num_warps=None, i
     chunk = min(_next_pow2(hidden), _MAX_CHUNK)
     if num_warps is None:
         num_warps = 4 if chunk <= 1024 else 8
-    has_norm = norm_weight is not None
-    kernel = functools.partial(_gather_kernel, hidden=hidden, chunk=chunk, eps=float(eps), has_norm=has_norm)
+    has_weight = norm_weight is not None
+    norm = norm or ("llama" if has_weight else None)
+    kernel = functools.partial(_gather_kernel, hidden=hidden, chunk=chunk, eps=float(eps), norm=norm,
+                               has_weight=has_weight)
     in_specs = [
         pl.BlockSpec((None, None), lambda b, i: (b, i)),
         pl.BlockSpec((None, seq_len * hidden), lambda b, i: (b, 0)),  # pointer window over x[b]
     ]
     args = [idx, x.reshape(batch, seq_len * hidden)]
-    if has_norm:
+    if has_weight:
         in_specs.append(pl.BlockSpec((hidden,), lambda b, i: (0,)))
         args.append(norm_weight)
     out = pl.pallas_call(

@@ -87,7 +87,8 @@ def _merge_kernel(o_ref, m_ref, l_ref, out_ref, *, num_splits):
         m_s = plgpu.load(m_ref.at[s])
         m_new = jnp.maximum(m, m_s)
         old, new = jnp.exp(m - m_new), jnp.exp(m_s - m_new)
-        return m_new, l * old + plgpu.load(l_ref.at[s]) * new, acc * old[:, None] + plgpu.load(o_ref.at[s]) * new[:, None]
+        acc = acc * old[:, None] + plgpu.load(o_ref.at[s]) * new[:, None]
+        return m_new, l * old + plgpu.load(l_ref.at[s]) * new, acc
 
     init = (jnp.full((BLOCK_M,), _MASK_VALUE, jnp.float32), jnp.zeros((BLOCK_M,), jnp.float32),
             jnp.zeros(out_ref.shape, jnp.float32))

@@ -12,12 +12,13 @@ import pytest
 
 import jspec
 from jspec import forward
-from jspec.drafters import MTP, DraftModel, Eagle3, NGram, init_mtp_head
+from jspec.drafters import MTP, DraftModel, Eagle3, FrozenKVMTP, NGram, assistant_config, init_assistant, init_mtp_head
+from jspec.models.gemma4 import FULL, SLIDING
 from pallas_kernels.decode_attention import decode_attention, decode_attention_reference
 from pallas_kernels.invariant_attention import decode_attention_invariant
 from pallas_kernels.skinny_matmul import invariant_config, skinny_matmul, skinny_matmul_pallas, skinny_matmul_reference
 from tests._lowering import lower_for_cuda, triton_kernel_count
-from tests.tiny import TINY, eagle3_head
+from tests.tiny import TINY, TINY_GEMMA4, eagle3_head
 
 INVARIANT = "invariant"
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [1, 2, 3], [9, 8, 7, 6, 5, 4, 3, 2, 1, 9, 8]]  # ragged
@@ -81,13 +82,20 @@ def test_attention_query_that_sees_nothing_gets_zeros_and_trees_are_refused():
                          impl=INVARIANT)
 
 
-def test_invariant_kernels_lower_for_cuda():
+@pytest.mark.parametrize("max_len, head_dim, num_q, window", [
+    (4096, 128, 5, None),  # Llama 8B verify
+    (4000, 80, 3, None),  # a cache of whole blocks but no power of two, head_dim padded
+    (131072, 512, 9, None),  # Gemma 4 31B full layers
+    (32768, 256, 1, 1024),  # Gemma 4 sliding layers
+])
+def test_invariant_kernels_lower_for_cuda(max_len, head_dim, num_q, window):
     def attend(q, k, v, lengths, positions):
-        return decode_attention_invariant(q, k, v, lengths, q_positions=positions, interpret=False)
+        return decode_attention_invariant(q, k, v, lengths, q_positions=positions, window=window, interpret=False)
 
     s = jax.ShapeDtypeStruct
-    text = lower_for_cuda(attend, s((2, 5, 32, 128), jnp.bfloat16), s((2, 8, 4096, 128), jnp.bfloat16),
-                          s((2, 8, 4096, 128), jnp.bfloat16), s((2,), jnp.int32), s((2, 5), jnp.int32))
+    cache = s((2, 8, max_len, head_dim), jnp.bfloat16)
+    text = lower_for_cuda(attend, s((2, num_q, 32, head_dim), jnp.bfloat16), cache, cache, s((2,), jnp.int32),
+                          s((2, num_q), jnp.int32))
     assert triton_kernel_count(text) == 2  # the splits, then their merge
     text = lower_for_cuda(lambda x, w: skinny_matmul_pallas(x, w, config=invariant_config(4096, 6144), interpret=False),
                           s((100, 4096), jnp.bfloat16), s((4096, 6144), jnp.bfloat16))
@@ -140,3 +148,18 @@ def test_self_drafting_accepts_every_draft_in_bf16(target):
     assert result.tokens == jspec.generate(target, PROMPTS, 24, impl=INVARIANT)
     # Every round accepts all k drafts; only a sequence's last round may be cut by max_new_tokens.
     assert (result.stats["accepted"] >= k * (result.stats["rounds"] - 1)).all()
+
+
+def test_gemma4_with_its_assistant_is_exact_in_bf16():
+    """Gemma 4 (sliding and full layers, KV sharing, k_eq_v, per-layer inputs, soft-capped logits)
+    drafted by its assistant, which reads the target's cache: speculative == plain greedy bitwise,
+    and self-drafting accepts everything."""
+    target = jspec.init_params(TINY_GEMMA4, jax.random.key(0), jnp.bfloat16, scale=0.05)
+    config = assistant_config(target.config, hidden_size=32, layer_types=(SLIDING, FULL), num_heads=2,
+                              num_centroids=None, centroid_top_k=32)
+    assistant = FrozenKVMTP(_bf16(init_assistant(config, jax.random.key(5), scale=0.3)), impl=INVARIANT)
+    plain = jspec.generate(target, PROMPTS, 20, impl=INVARIANT)
+    for drafter in (assistant, DraftModel(target, impl=INVARIANT)):
+        result = jspec.speculative_generate(target, drafter, PROMPTS, 20, num_draft_tokens=3, impl=INVARIANT)
+        assert result.tokens == plain
+    assert (result.stats["accepted"] >= 3 * (result.stats["rounds"] - 1)).all()

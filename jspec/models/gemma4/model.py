@@ -116,7 +116,7 @@ def per_layer_inputs(model: Model, tokens: jax.Array, x: jax.Array, *, impl: str
     shape = (*tokens.shape, c.num_layers, c.hidden_size_per_layer_input)
     from_token = (ple.embed[tokens] * _scale_in_dtype(c.hidden_size_per_layer_input**0.5, model.dtype)).reshape(shape)
     from_context = linear(x, ple.projection, impl=impl) * c.hidden_size**-0.5
-    from_context = rms_norm(from_context.reshape(shape), ple.norm, c.rms_norm_eps)
+    from_context = rms_norm(from_context.reshape(shape), ple.norm, c.rms_norm_eps, impl=impl)
     return (from_context + from_token) * 2.0**-0.5
 
 
@@ -135,13 +135,14 @@ def attention(
     kv_heads, head_dim = c.attention_shape(index)
     q_size, kv_size = c.num_heads * head_dim, kv_heads * head_dim
     proj = linear(h, layer.qkv, impl=impl)
-    q = rms_norm(proj[..., :q_size].reshape(batch, num_rows, c.num_heads, head_dim), layer.q_norm, c.rms_norm_eps)
+    q = proj[..., :q_size].reshape(batch, num_rows, c.num_heads, head_dim)
+    q = rms_norm(q, layer.q_norm, c.rms_norm_eps, impl=impl)
     q = apply_rope(q, cos, sin)
     if c.kv_source(index) == index:
         k = proj[..., q_size : q_size + kv_size].reshape(batch, num_rows, kv_heads, head_dim)
         v = proj[..., q_size + kv_size :].reshape(k.shape) if c.has_v_proj(index) else k  # k_eq_v: the raw k
-        k = apply_rope(rms_norm(k, layer.k_norm, c.rms_norm_eps), cos, sin)
-        v = rms_norm(v, None, c.rms_norm_eps)
+        k = apply_rope(rms_norm(k, layer.k_norm, c.rms_norm_eps, impl=impl), cos, sin)
+        v = rms_norm(v, None, c.rms_norm_eps, impl=impl)
         k_buf = write_rows(k_buf, k.transpose(0, 2, 1, 3), kv_lengths - num_rows)
         v_buf = write_rows(v_buf, v.transpose(0, 2, 1, 3), kv_lengths - num_rows)
     attn = decode_attention(
@@ -160,15 +161,15 @@ def decoder_layer(
     Returns ``(x, k_buf, v_buf)``."""
     eps = c.rms_norm_eps
     attn_out, k_buf, v_buf = attention(
-        layer, c, index, rms_norm(x, layer.attn_norm, eps), positions, cos, sin, k_buf, v_buf, kv_lengths,
-        tree_mask=tree_mask, impl=impl,
+        layer, c, index, rms_norm(x, layer.attn_norm, eps, impl=impl), positions, cos, sin, k_buf, v_buf,
+        kv_lengths, tree_mask=tree_mask, impl=impl,
     )
-    x = x + rms_norm(attn_out, layer.post_attn_norm, eps)
-    mlp_out = gated_mlp(rms_norm(x, layer.mlp_norm, eps), layer.gate_up, layer.down, gelu_tanh, impl=impl)
-    x = x + rms_norm(mlp_out, layer.post_mlp_norm, eps)
+    x = x + rms_norm(attn_out, layer.post_attn_norm, eps, impl=impl)
+    mlp_out = gated_mlp(rms_norm(x, layer.mlp_norm, eps, impl=impl), layer.gate_up, layer.down, gelu_tanh, impl=impl)
+    x = x + rms_norm(mlp_out, layer.post_mlp_norm, eps, impl=impl)
     if per_layer_input is not None:
         gated = gelu_tanh(linear(x, layer.ple_gate, impl=impl)) * per_layer_input
-        x = x + rms_norm(linear(gated, layer.ple_proj, impl=impl), layer.ple_norm, eps)
+        x = x + rms_norm(linear(gated, layer.ple_proj, impl=impl), layer.ple_norm, eps, impl=impl)
     return x * layer.layer_scalar.astype(x.dtype), k_buf, v_buf
 
 
@@ -233,7 +234,7 @@ def forward(
 
     normed = None
     if capture.final_normed or (compute_logits and logits_rows is None):
-        normed = rms_norm(x, model.final_norm, c.rms_norm_eps)
+        normed = rms_norm(x, model.final_norm, c.rms_norm_eps, impl=impl)
         features += (normed,) if capture.final_normed else ()
     if not compute_logits:
         logits = None
@@ -242,7 +243,7 @@ def forward(
     else:
         if keep_head_rows_at is None or keep_head_rows_at == c.num_layers:  # x still holds all T rows
             x = gather_rows(x, head_rows, impl=impl)
-        normed_rows = rms_norm(x, model.final_norm, c.rms_norm_eps)
+        normed_rows = rms_norm(x, model.final_norm, c.rms_norm_eps, impl=impl)
         logits = softcap(lm_head(model.embed, model.lm_head, normed_rows, impl=impl), c.final_logit_softcapping)
 
     new_kv = KVCache(k=tuple(k_bufs), v=tuple(v_bufs), lengths=kv.lengths + num_rows)
