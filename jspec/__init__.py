@@ -2,7 +2,8 @@
 
 The front doors: ``load_hf`` / ``load_gguf`` / ``save`` / ``restore`` (checkpoints; real models
 by name through ``jspec.io.load_model``), ``generate`` and ``score``
-(plain decoding), ``speculative_generate`` with a drafter from ``jspec.drafters``.
+(plain decoding), ``speculative_generate`` with a drafter from ``jspec.drafters``; ``shard`` places
+a model and its drafter on a device mesh (tensor parallelism).
 """
 
 import warnings as _warnings
@@ -17,6 +18,7 @@ from jspec.models.base import Capture
 from jspec.models.gemma4 import Gemma4Config
 from jspec.models.llama import LlamaConfig, Model
 from jspec.sampling import SamplingParams
+from jspec.sharding import shard, tensor_parallel_mesh
 from jspec.speculative import SpecResult, speculative_generate
 from jspec.text import Tokenizer
 
@@ -67,5 +69,7 @@ __all__ = [
     "restore",
     "save",
     "score",
+    "shard",
     "speculative_generate",
+    "tensor_parallel_mesh",
 ]

@@ -12,6 +12,24 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadSharding:
+    """Where a tensor-parallel model keeps its KV buffers (static, hashable): split over the KV heads
+    along ``axis`` of ``mesh``, replicated where the heads do not divide evenly over it (e.g. 2 KV
+    heads on 4 devices), as Megatron-style tensor parallelism does."""
+
+    mesh: jax.sharding.Mesh
+    axis: str
+
+    def spec(self, num_kv_heads: int) -> PartitionSpec:
+        return PartitionSpec(None, self.axis) if num_kv_heads % self.mesh.shape[self.axis] == 0 else PartitionSpec()
+
+    def place(self, buffer: jax.Array) -> jax.Array:
+        """``buffer [batch, num_kv_heads, max_len, head_dim]`` constrained to its sharding."""
+        return jax.lax.with_sharding_constraint(buffer, NamedSharding(self.mesh, self.spec(buffer.shape[1])))
 
 
 @jax.tree_util.register_dataclass
@@ -24,12 +42,18 @@ class KVCache:
     lengths: jax.Array
 
     @classmethod
-    def zeros(cls, num_layers, batch, num_kv_heads, max_len, head_dim, dtype) -> KVCache:
-        shape = (batch, num_kv_heads, max_len, head_dim)
+    def zeros(cls, num_layers, batch, num_kv_heads, max_len, head_dim, dtype, *,
+              placement: HeadSharding | None = None) -> KVCache:
+        return cls.of_shapes([(batch, num_kv_heads, max_len, head_dim)] * num_layers, dtype, placement=placement)
+
+    @classmethod
+    def of_shapes(cls, shapes, dtype, *, placement: HeadSharding | None = None) -> KVCache:
+        """Zero K and V buffers of the given ``[batch, kv_heads, max_len, head_dim]`` shapes, one per layer."""
+        place = (lambda buffer: buffer) if placement is None else placement.place  # noqa: E731
         return cls(
-            k=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-            v=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-            lengths=jnp.zeros((batch,), jnp.int32),
+            k=tuple(place(jnp.zeros(shape, dtype)) for shape in shapes),
+            v=tuple(place(jnp.zeros(shape, dtype)) for shape in shapes),
+            lengths=jnp.zeros((shapes[0][0],), jnp.int32),
         )
 
     @property

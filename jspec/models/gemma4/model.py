@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.kv import KVCache, write_rows
+from jspec.kv import HeadSharding, KVCache, write_rows
 from jspec.layers import gated_mlp, linear
 from jspec.layers import rms_norm_fp32_scale as rms_norm
 from jspec.models.base import NO_CAPTURE, Capture, lm_head, token_positions, random_matrix, random_norm_weight
@@ -80,6 +80,7 @@ class Model:
     lm_head: jax.Array | None  # [hidden, vocab]; None when tied to ``embed``
     ple: PerLayerEmbedding | None
     config: Gemma4Config = dataclasses.field(metadata=dict(static=True))
+    kv_placement: HeadSharding | None = dataclasses.field(default=None, metadata=dict(static=True))  # jspec.shard
 
     @property
     def dtype(self):
@@ -90,11 +91,7 @@ class Model:
         c = self.config
         geometry = [c.attention_shape(i) for i in range(c.first_kv_shared_layer)]
         shapes = [(batch, kv_heads, max_len, head_dim) for kv_heads, head_dim in geometry]
-        return KVCache(
-            k=tuple(jnp.zeros(s, self.dtype) for s in shapes),
-            v=tuple(jnp.zeros(s, self.dtype) for s in shapes),
-            lengths=jnp.zeros((batch,), jnp.int32),
-        )
+        return KVCache.of_shapes(shapes, self.dtype, placement=self.kv_placement)
 
 
 def _scale_in_dtype(value: float, dtype) -> jax.Array:

@@ -13,7 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jspec.kv import KVCache, write_rows
+from jspec.kv import HeadSharding, KVCache, write_rows
 from jspec.layers import linear, rms_norm, silu_mlp
 from jspec.models.base import NO_CAPTURE, Capture, lm_head, token_positions, random_matrix, random_norm_weight
 from jspec.models.llama.config import LlamaConfig
@@ -47,6 +47,7 @@ class Model:
     final_norm: jax.Array  # [hidden]
     lm_head: jax.Array | None  # [hidden, vocab]; None when tied to ``embed``
     config: LlamaConfig = dataclasses.field(metadata=dict(static=True))
+    kv_placement: HeadSharding | None = dataclasses.field(default=None, metadata=dict(static=True))  # jspec.shard
 
     @property
     def dtype(self):
@@ -54,7 +55,8 @@ class Model:
 
     def init_cache(self, batch: int, max_len: int) -> KVCache:
         c = self.config
-        return KVCache.zeros(c.num_layers, batch, c.num_kv_heads, max_len, c.head_dim, self.dtype)
+        return KVCache.zeros(c.num_layers, batch, c.num_kv_heads, max_len, c.head_dim, self.dtype,
+                             placement=self.kv_placement)
 
 
 def attention(

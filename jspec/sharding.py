@@ -1,0 +1,80 @@
+"""Tensor parallelism over a device mesh: parameters placed Megatron-style with ``jax.sharding``,
+the KV cache split over KV heads; XLA's SPMD partitioner inserts the collectives.
+
+``shard(tree, mesh)`` places every array of a model, a drafter or any pytree holding them:
+
+* column-split (the output axis over ``axis``): ``qkv`` (and ``qkv_bias``), ``gate_up``, ``lm_head``;
+* row-split (the input axis): ``o``, ``down``;
+* vocab-split: ``embed`` (the table's rows);
+* everything else (norms, small heads' odd pieces) replicated, and so is any of the above whose
+  split axis does not divide evenly over the mesh axis.
+
+A target model (Llama family or Gemma 4) also gets a :class:`jspec.kv.HeadSharding`, so every
+cache it makes (``init_cache``, inside ``generate`` and ``speculative_generate`` too) is split
+over KV heads, or replicated where its KV heads do not divide over the mesh axis. ``generate``,
+``speculative_generate`` and ``forward`` then run unchanged: their jitted programs take the
+placed arrays and XLA partitions them. A one-device mesh takes the same path.
+
+The fused projections keep their layout (``q | k | v``, ``gate | up``): a device's column block
+is not its heads' q, k and v, so XLA moves columns between devices after those matmuls. That is
+correct; whether a per-device interleaved layout is worth it is for the multi-GPU measurement.
+Pallas kernels are custom calls XLA cannot partition: under a mesh, run ``impl="xla"`` until they
+are wrapped in ``shard_map``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jspec.kv import HeadSharding
+from jspec.models import gemma4, llama
+
+TP_AXIS = "tp"
+COLUMN_SPLIT = frozenset({"qkv", "qkv_bias", "gate_up", "lm_head"})  # the last axis
+ROW_SPLIT = frozenset({"o", "down", "embed"})  # the first axis (embed: vocab rows)
+_MODELS = (llama.Model, gemma4.Model)
+
+
+def tensor_parallel_mesh(devices=None, *, axis: str = TP_AXIS) -> Mesh:
+    """A one-axis mesh over ``devices`` (default: all of them)."""
+    return Mesh(np.asarray(jax.devices() if devices is None else devices), (axis,))
+
+
+def param_spec(name: str, shape: tuple[int, ...], size: int, axis: str = TP_AXIS) -> PartitionSpec:
+    """The placement of a parameter called ``name`` (its field name) of ``shape`` on ``size`` devices."""
+    if name in COLUMN_SPLIT and shape and shape[-1] % size == 0:
+        return PartitionSpec(*([None] * (len(shape) - 1)), axis)
+    if name in ROW_SPLIT and len(shape) >= 2 and shape[0] % size == 0:
+        return PartitionSpec(axis)
+    return PartitionSpec()
+
+
+def _field_name(path) -> str:
+    names = [key.name for key in path if isinstance(key, jax.tree_util.GetAttrKey)]
+    return names[-1] if names else ""
+
+
+def shard(tree, mesh: Mesh, *, axis: str = TP_AXIS):
+    """``tree`` with every array placed on ``mesh`` (module docstring) and every target model in it
+    making its caches split over KV heads."""
+    if axis not in mesh.axis_names:
+        raise ValueError(f"the mesh has no axis {axis!r} (axes: {mesh.axis_names})")
+    size = mesh.shape[axis]
+
+    def place(path, leaf):
+        if not isinstance(leaf, jax.Array | np.ndarray):
+            return leaf
+        return jax.device_put(leaf, NamedSharding(mesh, param_spec(_field_name(path), leaf.shape, size, axis)))
+
+    def place_model(model):
+        placed = jax.tree_util.tree_map_with_path(place, model)
+        return dataclasses.replace(placed, kv_placement=HeadSharding(mesh, axis))
+
+    def place_leaf(leaf):  # a model, or an array outside any model (replicated)
+        return place_model(leaf) if isinstance(leaf, _MODELS) else place((), leaf)
+
+    return jax.tree_util.tree_map(place_leaf, tree, is_leaf=lambda x: isinstance(x, _MODELS))

@@ -1,0 +1,105 @@
+"""Checks of tensor-parallel placement and decoding on several devices, run by test_sharding.py in a
+subprocess with forced host devices: ``python -m tests.sharded_checks NAME`` (exit 0: passed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+import jspec
+from jspec.drafters import MTP, DraftModel, Eagle3, FrozenKVMTP, NGram, assistant_config, init_assistant, init_mtp_head
+from jspec.models.gemma4 import FULL, SLIDING
+from tests.tiny import TINY, TINY_GEMMA4, eagle3_head
+
+DEVICES = 4
+PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [1, 2, 3], [9, 8, 7, 6, 5, 4, 3, 2, 1]]  # ragged
+CONFIG = dataclasses.replace(TINY, vocab_size=128, num_kv_heads=4)  # vocab and KV heads divide over 4 devices
+
+
+def _target(config=CONFIG):
+    return jspec.init_params(config, jax.random.key(0), scale=0.3)
+
+
+def _spec(array):
+    return array.sharding.spec
+
+
+def check_placements():
+    """Megatron placement of every weight, the cache over KV heads, replicated where nothing divides."""
+    mesh = jspec.tensor_parallel_mesh()
+    assert mesh.shape["tp"] == DEVICES == jax.device_count()
+    model = jspec.shard(_target(dataclasses.replace(CONFIG, qkv_bias=True)), mesh)
+    layer = model.layers[0]
+    assert _spec(layer.qkv) == P(None, "tp") and _spec(layer.qkv_bias) == P("tp")
+    assert _spec(layer.gate_up) == P(None, "tp")
+    assert _spec(layer.o) == P("tp") and _spec(layer.down) == P("tp")
+    assert _spec(model.embed) == P("tp") and _spec(layer.attn_norm) == P() and _spec(model.final_norm) == P()
+    cache = model.init_cache(2, 64)
+    assert all(_spec(buffer) == P(None, "tp") for buffer in cache.k + cache.v)
+    # Inside a jitted forward the written cache keeps its placement.
+    _, _, cache = jax.jit(jspec.forward)(model, jnp.array([[1, 2, 3], [4, 5, 6]]), cache)
+    assert all(_spec(buffer) == P(None, "tp") for buffer in cache.k + cache.v)
+    # 2 KV heads and a vocabulary of 97 on 4 devices: the cache and the table are replicated.
+    odd = jspec.shard(jspec.init_params(TINY, jax.random.key(0)), mesh)
+    assert _spec(odd.embed) == P() and all(_spec(b) == P() for b in odd.init_cache(1, 16).k)
+    untied = jspec.shard(_target(dataclasses.replace(CONFIG, tie_word_embeddings=False)), mesh)
+    assert _spec(untied.lm_head) == P(None, "tp")
+
+
+def check_plain_decoding():
+    """Sharded logits equal unsharded ones within fp32 tolerance, greedy tokens identically; a
+    one-device mesh takes the same path."""
+    target = _target()
+    tokens = jnp.array([[3, 1, 4, 1, 5, 9, 2, 6]])
+    reference, _, _ = jax.jit(jspec.forward)(target, tokens, target.init_cache(1, 64))
+    plain = jspec.generate(target, PROMPTS, 12)
+    for devices in (jax.devices(), jax.devices()[:1]):
+        sharded = jspec.shard(target, jspec.tensor_parallel_mesh(devices))
+        logits, _, _ = jax.jit(jspec.forward)(sharded, tokens, sharded.init_cache(1, 64))
+        np.testing.assert_allclose(np.asarray(logits), np.asarray(reference), rtol=1e-5, atol=1e-5)
+        assert jspec.generate(sharded, PROMPTS, 12) == plain
+
+
+def _check_drafters(drafters, target=None, **kw):
+    target = _target() if target is None else target
+    mesh = jspec.tensor_parallel_mesh()
+    sharded = jspec.shard(target, mesh)
+    plain = jspec.generate(target, PROMPTS, 12)
+    for name, drafter in drafters(target).items():
+        reference = jspec.speculative_generate(target, drafter, PROMPTS, 12, num_draft_tokens=3, **kw)
+        result = jspec.speculative_generate(sharded, jspec.shard(drafter, mesh), PROMPTS, 12, num_draft_tokens=3, **kw)
+        assert result.tokens == reference.tokens == plain, name
+        np.testing.assert_array_equal(result.stats["accepted"], reference.stats["accepted"], err_msg=name)
+
+
+def check_draft_model_and_ngram():
+    draft = jspec.init_params(dataclasses.replace(CONFIG, num_layers=1), jax.random.key(1), scale=0.3)
+    _check_drafters(lambda target: {"draft-model": DraftModel(draft), "self": DraftModel(target), "ngram": NGram()})
+
+
+def check_hidden_state_heads():
+    _check_drafters(lambda target: {"eagle3": Eagle3(eagle3_head(3, target, aux=(0, 1, 1))),
+                                    "mtp": MTP(init_mtp_head(CONFIG, jax.random.key(4), scale=0.3))})
+
+
+def check_gemma4_and_its_assistant():
+    """Gemma 4's two cache geometries (sliding: 2 KV heads, split on 2 devices; full: 1, replicated)."""
+    config = dataclasses.replace(TINY_GEMMA4, vocab_size=128, vocab_size_per_layer_input=128)
+    target = jspec.init_params(config, jax.random.key(0), scale=0.3)
+    mesh = jspec.tensor_parallel_mesh(jax.devices()[:2])
+    cache = jspec.shard(target, mesh).init_cache(1, 16)
+    assert {_spec(b) for b in cache.k} == {P(None, "tp"), P()}
+    assistant_cfg = assistant_config(config, hidden_size=32, layer_types=(SLIDING, FULL), num_heads=2,
+                                     num_centroids=None, centroid_top_k=32)
+    assistant = FrozenKVMTP(init_assistant(assistant_cfg, jax.random.key(5), scale=0.3))
+    _check_drafters(lambda target: {"frozen-kv-mtp": assistant, "self": DraftModel(target)}, target=target)
+
+
+if __name__ == "__main__":
+    globals()[f"check_{sys.argv[1]}"]()
+    print(f"{sys.argv[1]}: ok on {jax.device_count()} devices")
