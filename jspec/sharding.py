@@ -25,13 +25,14 @@ are wrapped in ``shard_map``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jspec.kv import HeadSharding
-from jspec.models import gemma4, llama
+from jspec.models import gemma4, init_params, llama
 
 TP_AXIS = "tp"
 COLUMN_SPLIT = frozenset({"qkv", "qkv_bias", "gate_up", "lm_head"})  # the last axis
@@ -51,6 +52,19 @@ def param_spec(name: str, shape: tuple[int, ...], size: int, axis: str = TP_AXIS
     if name in ROW_SPLIT and len(shape) >= 2 and shape[0] % size == 0:
         return PartitionSpec(axis)
     return PartitionSpec()
+
+
+def init_sharded(config, key, dtype, mesh: Mesh, *, axis: str = TP_AXIS, **init_kw):
+    """Random parameters (``jspec.init_params``) made already placed as :func:`shard` would place
+    them, by one jitted init with output shardings: a model too large for one device never exists
+    on one, nor on the host."""
+    size = mesh.shape[axis]
+    make = functools.partial(init_params, config, dtype=dtype, **init_kw)
+    abstract = jax.eval_shape(make, key)
+    placements = jax.tree_util.tree_map_with_path(
+        lambda path, leaf: NamedSharding(mesh, param_spec(_field_name(path), leaf.shape, size, axis)), abstract)
+    model = jax.jit(make, out_shardings=placements)(key)
+    return dataclasses.replace(model, kv_placement=HeadSharding(mesh, axis))
 
 
 def _field_name(path) -> str:

@@ -100,6 +100,29 @@ def check_gemma4_and_its_assistant():
     _check_drafters(lambda target: {"frozen-kv-mtp": assistant, "self": DraftModel(target)}, target=target)
 
 
+def check_sharded_init_and_benchmarks():
+    """A preset made already placed equals the one made on one device; the benchmarks' --tp runs."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from jspec.bench import cli
+    from jspec.sharding import init_sharded
+
+    mesh = jspec.tensor_parallel_mesh()
+    placed = init_sharded(CONFIG, jax.random.key(0), jnp.float32, mesh)
+    assert _spec(placed.layers[1].gate_up) == P(None, "tp") and placed.kv_placement is not None
+    on_one_device = jax.jit(jspec.init_params, static_argnums=(0, 2))(CONFIG, jax.random.key(0), jnp.float32)
+    for a, b in zip(jax.tree.leaves(placed), jax.tree.leaves(on_one_device), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with tempfile.TemporaryDirectory() as tmp:
+        for command in (["spec", "--target", "tiny", "--drafter", "eagle3"], ["decode", "--targets", "tiny"]):
+            out = Path(tmp) / f"{command[0]}.json"
+            assert cli.main([*command, "--tiny", "--tp", "4", "--out", str(out)]) in (0, None)
+            rows = json.loads(out.read_text())["rows"]
+            assert rows and all(row.get("tp", 4) == 4 for row in rows)
+
+
 if __name__ == "__main__":
     globals()[f"check_{sys.argv[1]}"]()
     print(f"{sys.argv[1]}: ok on {jax.device_count()} devices")

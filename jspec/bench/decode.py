@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from jspec import engine
 from jspec.bench import plots, report
-from jspec.bench.flags import common, subcommand, tree_arg
+from jspec.bench.flags import add_tp, common, mesh_of, subcommand, tree_arg
 from jspec.bench.presets import GREEDY, is_tiny, load_target, preset_names, random_prompts, weights_note
 from jspec.bench.roofline import copy_bandwidth, kv_bytes_per_step, weight_bytes_per_step
 from jspec.bench.timing import Timing, gpu_kernel_times, time_fn
@@ -112,8 +112,9 @@ def run(args):
     def save():  # after every row: a slow compile that runs out of time loses nothing measured
         report.write(args.out, report.result("decode", args.argv, env, rows, copy_bandwidth=bw, notes=NOTES))
 
+    mesh = mesh_of(args.tp)
     for preset in tqdm(args.targets, desc="targets"):
-        model = load_target(preset, dtype, args.seed)
+        model = load_target(preset, dtype, args.seed, mesh)
         weights = weight_bytes_per_step(model)
         for batch in args.batch:
             for context in args.context:
@@ -129,9 +130,9 @@ def _row(model, preset, weights, bw, batch, context, impl, args):
         model, batch, context, steps=args.steps, impl=impl, repeats=args.repeats
     )
     kv = kv_bytes_per_step(model, batch, context + args.steps // 2)
-    roofline_s = (weights + kv) / bw["bytes_per_s"]
+    roofline_s = (weights + kv) / (bw["bytes_per_s"] * args.tp)  # tensor parallel: every device streams its share
     row = dict(
-        measure="decode", target=preset, batch=batch, context=context, impl=impl, steps=args.steps,
+        measure="decode", target=preset, batch=batch, context=context, impl=impl, steps=args.steps, tp=args.tp,
         ms_per_token=per_token * 1e3, tokens_per_s=batch / per_token, weight_bytes=weights, kv_bytes=kv,
         roofline_ms_per_token=roofline_s * 1e3, roofline_fraction=roofline_s / per_token,
         prefill_plus_first_token_ms=short.median_s * 1e3,
@@ -179,6 +180,7 @@ def register(subparsers):
     d.add_argument("--batch", type=int, nargs="+", default=[1])
     d.add_argument("--context", type=int, nargs="+", default=[512])
     d.add_argument("--steps", type=int, default=128)
+    add_tp(d)
     d.add_argument("--verify-rows", type=int, default=0,
                    help="also time a verify forward of this many rows (k + 1), e.g. 5")
     d.add_argument("--verify-trees", type=tree_arg, nargs="*", default=[],

@@ -75,6 +75,26 @@ def apply_tiny(args: argparse.Namespace) -> None:
             setattr(args, dest, value)
 
 
+def add_tp(parser) -> None:
+    """``--tp N``: tensor parallelism over the first N devices (``jspec.shard``); 1: no mesh."""
+    parser.add_argument("--tp", type=int, default=1,
+                        help="tensor-parallel devices: the target (made already placed) and the drafter on a "
+                             "one-axis mesh over the first N devices (default 1: no mesh)")
+
+
+def mesh_of(tp: int):
+    """The mesh ``--tp`` asks for (None for 1); a one-line error when there are fewer devices."""
+    import jax
+
+    from jspec.sharding import tensor_parallel_mesh
+
+    if tp == 1:
+        return None
+    if not 1 <= tp <= jax.device_count():
+        raise SystemExit(f"error: --tp {tp}: this machine has {jax.device_count()} device(s)")
+    return tensor_parallel_mesh(jax.devices()[:tp])
+
+
 def tree_arg(text: str) -> TreeShape:
     """argparse type: 'TOPK:DEPTH:NODES' -> a ``jspec.tree.TreeShape``."""
     try:

@@ -17,6 +17,7 @@ from jspec.models import gemma4
 from jspec.models.gemma4 import FULL, SLIDING, Gemma4Config
 from jspec.models.llama import LlamaConfig, RopeScaling
 from jspec.sampling import SamplingParams
+from jspec.sharding import init_sharded
 
 GREEDY = SamplingParams()
 
@@ -99,15 +100,20 @@ def is_tiny(name: str) -> bool:
     return name.startswith("tiny")
 
 
-def load_target(name_or_path: str, dtype, seed: int = 0) -> Model:
-    """A preset (random weights made on the device) or a checkpoint directory (HF or jspec)."""
+def load_target(name_or_path: str, dtype, seed: int = 0, mesh=None) -> Model:
+    """A preset (random weights made on the device; with a ``mesh``, made already placed on it) or a
+    checkpoint directory (HF or jspec; placed with ``jspec.shard`` after loading)."""
     if name_or_path in PRESETS:
+        if mesh is not None:
+            return init_sharded(PRESETS[name_or_path], jax.random.key(seed), dtype, mesh)
         init = jax.jit(jspec.init_params, static_argnums=(0, 2))
         return init(PRESETS[name_or_path], jax.random.key(seed), dtype)
     path = Path(name_or_path)
     if is_jspec_checkpoint(path):
-        return jax.tree.map(lambda x: x.astype(dtype), restore(path))
-    return load_hf(path, dtype=dtype)
+        model = jax.tree.map(lambda x: x.astype(dtype), restore(path))
+    else:
+        model = load_hf(path, dtype=dtype)
+    return model if mesh is None else jspec.shard(model, mesh)
 
 
 def abstract_target(preset: str | LlamaConfig | Gemma4Config, dtype) -> Model:

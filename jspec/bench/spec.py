@@ -28,9 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+import jspec
 from jspec import engine, speculative
 from jspec.bench import decode, plots, report
-from jspec.bench.flags import common, subcommand
+from jspec.bench.flags import add_tp, common, mesh_of, subcommand
 from jspec.bench.controlled import ACCEPTANCE_METHOD, ControlledAcceptance, expected_acceptance_length
 from jspec.bench.presets import GREEDY, PRESETS, confident, is_tiny, load_target, random_prompts, weights_note
 from jspec.bench.timing import compile_all, time_fn, time_steps
@@ -216,13 +217,16 @@ def hf_rows(target, drafter, end_to_end_rows, args, env) -> list[dict]:
 
 def run(args):
     dtype = jnp.dtype(args.dtype)
-    target = load_target(args.target, dtype, args.seed)
+    mesh = mesh_of(args.tp)
+    target = load_target(args.target, dtype, args.seed, mesh)
     if args.target in PRESETS:  # random weights whose greedy continuation survives bf16 rounding
         target = confident(target, args.seed)
     drafter = make_drafter(args.drafter, target, draft=args.draft, dtype=dtype, seed=args.seed, impl=args.impl)
+    if mesh is not None:  # confident() made new arrays: place them (and the drafter) again
+        target, drafter = jspec.shard(target, mesh), jspec.shard(drafter, mesh)
     names = [args.target] + ([args.draft] if args.drafter == "draft-model" else [])
     env = report.environment(dtype, args.seed, weights=weights_note(names))
-    tags = dict(target=args.target, drafter=args.drafter, context=args.context, impl=args.impl)
+    tags = dict(target=args.target, drafter=args.drafter, context=args.context, impl=args.impl, tp=args.tp)
     if args.drafter == "draft-model":
         tags["draft"] = args.draft
     rows = []
@@ -266,6 +270,7 @@ def register(subparsers):
                    help="controlled per-draft acceptance rates for the end-to-end runs (none: skip them; -1: "
                         "greedy verification, the drafter's own acceptance)")
     s.add_argument("--new-tokens", type=int, default=128)
+    add_tp(s)
     s.add_argument("--hf", action="store_true", help="also run HF transformers (torch, GPU) on the same shapes")
     s.add_argument("--compile-threads", type=int, default=8, help="round programs compile in parallel threads")
     return s
