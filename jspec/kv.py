@@ -31,6 +31,18 @@ class HeadSharding:
         """``buffer [batch, num_kv_heads, max_len, head_dim]`` constrained to its sharding."""
         return jax.lax.with_sharding_constraint(buffer, NamedSharding(self.mesh, self.spec(buffer.shape[1])))
 
+    def per_head(self, attend, q, k, v, *rest):
+        """``attend(q [batch, T, q_heads, d], k, v [batch, kv_heads, L, d], *rest)`` run on each
+        device's KV heads and their query heads (``shard_map``: attention kernels are custom calls
+        that XLA cannot partition); ``rest`` (lengths, positions, masks) replicated. Where the KV
+        heads do not divide over the axis, ``attend`` runs as it is on the replicated cache."""
+        if self.spec(k.shape[1]) == PartitionSpec():
+            return attend(q, k, v, *rest)
+        heads = PartitionSpec(None, None, self.axis)
+        return jax.shard_map(attend, mesh=self.mesh, out_specs=heads, check_vma=False,
+                             in_specs=(heads, PartitionSpec(None, self.axis), PartitionSpec(None, self.axis))
+                             + (PartitionSpec(),) * len(rest))(q, k, v, *rest)
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)

@@ -15,11 +15,12 @@ over KV heads, or replicated where its KV heads do not divide over the mesh axis
 ``speculative_generate`` and ``forward`` then run unchanged: their jitted programs take the
 placed arrays and XLA partitions them. A one-device mesh takes the same path.
 
-The fused projections keep their layout (``q | k | v``, ``gate | up``): a device's column block
-is not its heads' q, k and v, so XLA moves columns between devices after those matmuls. That is
-correct; whether a per-device interleaved layout is worth it is for the multi-GPU measurement.
-Pallas kernels are custom calls XLA cannot partition: under a mesh, run ``impl="xla"`` until they
-are wrapped in ``shard_map``.
+Attention runs per device on its KV heads and their query heads (``HeadSharding.per_head``, a
+``shard_map``: the attention kernels are custom calls XLA cannot partition). The fused projections
+keep their layout (``q | k | v``, ``gate | up``): a device's column block is not its heads' q, k
+and v, so XLA moves columns between devices after those matmuls. That is correct; whether a
+per-device interleaved layout is worth it is for the multi-GPU measurement. The matmul kernel is
+not wrapped: under a mesh on GPUs, ``impl="auto,skinny_matmul=xla"``.
 """
 
 from __future__ import annotations

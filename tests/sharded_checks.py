@@ -65,6 +65,22 @@ def check_plain_decoding():
         assert jspec.generate(sharded, PROMPTS, 12) == plain
 
 
+def check_attention_runs_per_device_heads():
+    """With the cache split over KV heads, attention runs inside a shard_map over those heads (the
+    Pallas kernels are custom calls XLA cannot partition), kernels included (interpret mode here);
+    with replicated heads it runs as it is."""
+    target = _target()
+    sharded = jspec.shard(target, jspec.tensor_parallel_mesh())
+    tokens = jnp.array([[3, 1, 4, 1, 5]])
+    jaxpr = str(jax.make_jaxpr(lambda m, kv: jspec.forward(m, tokens, kv))(sharded, sharded.init_cache(1, 32)))
+    assert "shard_map" in jaxpr
+    replicated = jspec.shard(jspec.init_params(TINY, jax.random.key(0)), jspec.tensor_parallel_mesh())
+    jaxpr = str(jax.make_jaxpr(lambda m, kv: jspec.forward(m, tokens, kv))(replicated, replicated.init_cache(1, 32)))
+    assert "shard_map" not in jaxpr
+    prompts = PROMPTS[:2]
+    assert jspec.generate(sharded, prompts, 6, impl="pallas") == jspec.generate(target, prompts, 6, impl="pallas")
+
+
 def _check_drafters(drafters, target=None, **kw):
     target = _target() if target is None else target
     mesh = jspec.tensor_parallel_mesh()

@@ -119,14 +119,15 @@ def per_layer_inputs(model: Model, tokens: jax.Array, x: jax.Array, *, impl: str
 
 def attention(
     layer: Layer, c: Gemma4Config, index: int, h, positions, cos, sin, k_buf, v_buf, kv_lengths, *, tree_mask=None,
-    impl="auto",
+    impl="auto", kv_placement: HeadSharding | None = None,
 ):
     """Self-attention of layer ``index`` over normed rows ``h [batch, T, hidden]`` at ``positions``.
 
     ``kv_lengths [batch]``: valid cache rows once this step's rows are in. A layer that owns
     its cache writes the K/V of its ``T`` rows as the last ``T`` of those; a KV-shared layer
     reads its source layer's buffers (written earlier in this step) as they are, so its rows
-    may be any subset of the step's. Returns ``([batch, T, hidden], k_buf, v_buf)``.
+    may be any subset of the step's. ``kv_placement``: a tensor-parallel model's (``jspec.shard``):
+    attention runs per device's heads. Returns ``([batch, T, hidden], k_buf, v_buf)``.
     """
     batch, num_rows, _ = h.shape
     kv_heads, head_dim = c.attention_shape(index)
@@ -142,24 +143,26 @@ def attention(
         v = rms_norm(v, None, c.rms_norm_eps, impl=impl)
         k_buf = write_rows(k_buf, k.transpose(0, 2, 1, 3), kv_lengths - num_rows)
         v_buf = write_rows(v_buf, v.transpose(0, 2, 1, 3), kv_lengths - num_rows)
-    attn = decode_attention(
-        q, k_buf, v_buf, kv_lengths, q_positions=positions, tail_mask=tree_mask, window=c.window(index), scale=1.0,
-        impl=impl,
-    )
+    def attend(q, k_buf, v_buf, kv_lengths, positions, tree_mask):
+        return decode_attention(q, k_buf, v_buf, kv_lengths, q_positions=positions, tail_mask=tree_mask,
+                                window=c.window(index), scale=1.0, impl=impl)
+
+    args = (q, k_buf, v_buf, kv_lengths, positions, tree_mask)
+    attn = attend(*args) if kv_placement is None else kv_placement.per_head(attend, *args)
     return linear(attn.reshape(batch, num_rows, q_size), layer.o, impl=impl), k_buf, v_buf
 
 
 def decoder_layer(
     layer: Layer, c: Gemma4Config, index: int, x, k_buf, v_buf, kv_lengths, positions, cos, sin, per_layer_input,
-    *, tree_mask=None, impl="auto",
+    *, tree_mask=None, impl="auto", kv_placement=None,
 ):
     """Layer ``index`` on the residual stream ``x [batch, T, hidden]``; ``per_layer_input
-    [batch, T, P]`` or None without PLE; ``kv_lengths`` and ``tree_mask`` as for ``attention``.
-    Returns ``(x, k_buf, v_buf)``."""
+    [batch, T, P]`` or None without PLE; ``kv_lengths``, ``tree_mask`` and ``kv_placement`` as for
+    ``attention``. Returns ``(x, k_buf, v_buf)``.""" 
     eps = c.rms_norm_eps
     attn_out, k_buf, v_buf = attention(
         layer, c, index, rms_norm(x, layer.attn_norm, eps, impl=impl), positions, cos, sin, k_buf, v_buf,
-        kv_lengths, tree_mask=tree_mask, impl=impl,
+        kv_lengths, tree_mask=tree_mask, impl=impl, kv_placement=kv_placement,
     )
     x = x + rms_norm(attn_out, layer.post_attn_norm, eps, impl=impl)
     mlp_out = gated_mlp(rms_norm(x, layer.mlp_norm, eps, impl=impl), layer.gate_up, layer.down, gelu_tanh, impl=impl)
@@ -224,7 +227,7 @@ def forward(
         src = c.kv_source(i)
         x, k_bufs[src], v_bufs[src] = decoder_layer(
             layer, c, i, x, k_bufs[src], v_bufs[src], kv_lengths, positions, *rope[c.layer_types[i]],
-            None if ple is None else ple[:, :, i], tree_mask=tree_mask, impl=impl,
+            None if ple is None else ple[:, :, i], tree_mask=tree_mask, impl=impl, kv_placement=model.kv_placement,
         )
     residuals[c.num_layers] = x
     features = tuple(residuals[i] for i in capture.residuals)

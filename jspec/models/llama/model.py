@@ -61,7 +61,7 @@ class Model:
 
 def attention(
     layer, c: LlamaConfig, h, positions, cos, sin, k_buf, v_buf, lengths, *, keep_rows=None, tree_mask=None,
-    impl="auto",
+    impl="auto", kv_placement: HeadSharding | None = None,
 ):
     """Self-attention of one layer over the normed rows ``h [batch, T, in]`` (``in`` is usually
     ``hidden``; EAGLE-3's midlayer reads ``2 * hidden``).
@@ -69,6 +69,7 @@ def attention(
     Writes the K/V of all ``T`` rows at ``lengths[b] ..``. With ``keep_rows [batch]`` only that
     row's query is kept right after the K/V write (the others are dead: their K/V is all the
     caller needs) and the output is ``[batch, 1, hidden]``; otherwise ``[batch, T, hidden]``.
+    ``kv_placement``: a tensor-parallel model's (``jspec.shard``): attention runs per device's heads.
     """
     batch, num_rows, _ = h.shape
     if keep_rows is not None and tree_mask is not None:
@@ -91,7 +92,11 @@ def attention(
         num_q = 1
     else:
         num_q = num_rows
-    attn = decode_attention(q, k_buf, v_buf, lengths + num_rows, q_positions=positions, tail_mask=tree_mask, impl=impl)
+    def attend(q, k_buf, v_buf, kv_lengths, positions, tree_mask):
+        return decode_attention(q, k_buf, v_buf, kv_lengths, q_positions=positions, tail_mask=tree_mask, impl=impl)
+
+    args = (q, k_buf, v_buf, lengths + num_rows, positions, tree_mask)
+    attn = attend(*args) if kv_placement is None else kv_placement.per_head(attend, *args)
     out = linear(attn.reshape(batch, num_q, c.q_size), layer.o, impl=impl)
     return out, k_buf, v_buf
 
@@ -111,6 +116,7 @@ def decoder_layer(
     keep_rows: jax.Array | None = None,
     tree_mask: jax.Array | None = None,
     impl: str = "auto",
+    kv_placement: HeadSharding | None = None,
 ):
     """One pre-norm decoder layer on the residual stream ``x [batch, T, hidden]``.
 
@@ -123,7 +129,8 @@ def decoder_layer(
     """
     h = rms_norm(x, layer.attn_norm, c.rms_norm_eps, impl=impl) if attn_input is None else attn_input
     attn_out, k_buf, v_buf = attention(
-        layer, c, h, positions, cos, sin, k_buf, v_buf, lengths, keep_rows=keep_rows, tree_mask=tree_mask, impl=impl
+        layer, c, h, positions, cos, sin, k_buf, v_buf, lengths, keep_rows=keep_rows, tree_mask=tree_mask, impl=impl,
+        kv_placement=kv_placement,
     )
     if keep_rows is not None:
         x = gather_rows(x, keep_rows, impl=impl)[:, None]
@@ -164,7 +171,8 @@ def forward(
         if i in capture.residuals:
             residuals[i] = x
         x, k_buf, v_buf = decoder_layer(
-            layer, c, x, kv.k[i], kv.v[i], kv.lengths, positions, cos, sin, tree_mask=tree_mask, impl=impl
+            layer, c, x, kv.k[i], kv.v[i], kv.lengths, positions, cos, sin, tree_mask=tree_mask, impl=impl,
+            kv_placement=model.kv_placement,
         )
         new_k.append(k_buf)
         new_v.append(v_buf)
