@@ -48,6 +48,12 @@ PRESETS: dict[str, LlamaConfig | Gemma4Config] = {
         head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
         rope_scaling=RopeScaling(8.0, 1.0, 4.0, 8192),
     ),
+    # Larger than one 80 GB GPU in bf16 (141 GB of weights): the tensor-parallel benchmarks (--tp 2).
+    "llama-3.1-70b": LlamaConfig(
+        vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64, num_kv_heads=8,
+        head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling=RopeScaling(8.0, 1.0, 4.0, 8192),
+    ),
     "qwen3-8b": LlamaConfig(
         vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36, num_heads=32, num_kv_heads=8,
         head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0, qk_norm=True,
