@@ -12,36 +12,8 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec
 
-
-@dataclasses.dataclass(frozen=True)
-class HeadSharding:
-    """Where a tensor-parallel model keeps its KV buffers (static, hashable): split over the KV heads
-    along ``axis`` of ``mesh``, replicated where the heads do not divide evenly over it (e.g. 2 KV
-    heads on 4 devices), as Megatron-style tensor parallelism does."""
-
-    mesh: jax.sharding.Mesh
-    axis: str
-
-    def spec(self, num_kv_heads: int) -> PartitionSpec:
-        return PartitionSpec(None, self.axis) if num_kv_heads % self.mesh.shape[self.axis] == 0 else PartitionSpec()
-
-    def place(self, buffer: jax.Array) -> jax.Array:
-        """``buffer [batch, num_kv_heads, max_len, head_dim]`` constrained to its sharding."""
-        return jax.lax.with_sharding_constraint(buffer, NamedSharding(self.mesh, self.spec(buffer.shape[1])))
-
-    def per_head(self, attend, q, k, v, *rest):
-        """``attend(q [batch, T, q_heads, d], k, v [batch, kv_heads, L, d], *rest)`` run on each
-        device's KV heads and their query heads (``shard_map``: attention kernels are custom calls
-        that XLA cannot partition); ``rest`` (lengths, positions, masks) replicated. Where the KV
-        heads do not divide over the axis, ``attend`` runs as it is on the replicated cache."""
-        if self.spec(k.shape[1]) == PartitionSpec():
-            return attend(q, k, v, *rest)
-        heads = PartitionSpec(None, None, self.axis)
-        return jax.shard_map(attend, mesh=self.mesh, out_specs=heads, check_vma=False,
-                             in_specs=(heads, PartitionSpec(None, self.axis), PartitionSpec(None, self.axis))
-                             + (PartitionSpec(),) * len(rest))(q, k, v, *rest)
+from jspec.parallel import TensorParallel
 
 
 @jax.tree_util.register_dataclass
@@ -55,13 +27,13 @@ class KVCache:
 
     @classmethod
     def zeros(cls, num_layers, batch, num_kv_heads, max_len, head_dim, dtype, *,
-              placement: HeadSharding | None = None) -> KVCache:
+              placement: TensorParallel | None = None) -> KVCache:
         return cls.of_shapes([(batch, num_kv_heads, max_len, head_dim)] * num_layers, dtype, placement=placement)
 
     @classmethod
-    def of_shapes(cls, shapes, dtype, *, placement: HeadSharding | None = None) -> KVCache:
+    def of_shapes(cls, shapes, dtype, *, placement: TensorParallel | None = None) -> KVCache:
         """Zero K and V buffers of the given ``[batch, kv_heads, max_len, head_dim]`` shapes, one per layer."""
-        place = (lambda buffer: buffer) if placement is None else placement.place  # noqa: E731
+        place = (lambda buffer: buffer) if placement is None else placement.place_cache  # noqa: E731
         return cls(
             k=tuple(place(jnp.zeros(shape, dtype)) for shape in shapes),
             v=tuple(place(jnp.zeros(shape, dtype)) for shape in shapes),

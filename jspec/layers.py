@@ -3,9 +3,12 @@ dispatchers); rotary embeddings live in ``jspec.rope``."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
+from jspec.parallel import TensorParallel
 from pallas_kernels import skinny_matmul
 from pallas_kernels._dispatch import check_impl
 from pallas_kernels.gather_rows import FP32_SCALE, gather_rows_pallas, rms_norm as _rms_norm
@@ -41,18 +44,23 @@ def rms_norm_fp32_scale(x: jax.Array, weight: jax.Array | None, eps: float, *, i
     return normed.astype(x.dtype)
 
 
-def linear(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, *, impl: str = "auto") -> jax.Array:
-    """``x [..., in] @ w [in, out]`` (+ bias) in x's dtype, accumulated in fp32."""
-    y = skinny_matmul(x, w, impl=impl)
+def linear(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, *, impl: str = "auto",
+           parallel: TensorParallel | None = None, split: str | None = None) -> jax.Array:
+    """``x [..., in] @ w [in, out]`` (+ bias) in x's dtype, accumulated in fp32. A placed model's
+    (``parallel``) ``split="column"`` / ``"row"`` weights run per device (``jspec.parallel``)."""
+    matmul = functools.partial(skinny_matmul, impl=impl)
+    y = matmul(x, w) if parallel is None or split is None else getattr(parallel, split)(matmul, x, w)
     return y if bias is None else y + bias.astype(y.dtype)
 
 
-def gated_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, activation, *, impl: str = "auto") -> jax.Array:
+def gated_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, activation, *, impl: str = "auto",
+              parallel: TensorParallel | None = None) -> jax.Array:
     """``down(activation(gate(x)) * up(x))`` with gate and up fused into one ``[hidden, 2 * inter]`` matrix."""
-    gate, up = jnp.split(linear(x, gate_up, impl=impl), 2, axis=-1)
-    return linear(activation(gate) * up, down, impl=impl)
+    gate, up = jnp.split(linear(x, gate_up, impl=impl, parallel=parallel, split="column"), 2, axis=-1)
+    return linear(activation(gate) * up, down, impl=impl, parallel=parallel, split="row")
 
 
-def silu_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, *, impl: str = "auto") -> jax.Array:
+def silu_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, *, impl: str = "auto",
+             parallel: TensorParallel | None = None) -> jax.Array:
     """The Llama / Qwen MLP: ``gated_mlp`` with SiLU."""
-    return gated_mlp(x, gate_up, down, jax.nn.silu, impl=impl)
+    return gated_mlp(x, gate_up, down, jax.nn.silu, impl=impl, parallel=parallel)

@@ -9,18 +9,18 @@ the KV cache split over KV heads; XLA's SPMD partitioner inserts the collectives
 * everything else (norms, small heads' odd pieces) replicated, and so is any of the above whose
   split axis does not divide evenly over the mesh axis.
 
-A target model (Llama family or Gemma 4) also gets a :class:`jspec.kv.HeadSharding`, so every
+A target model (Llama family or Gemma 4) also gets a :class:`jspec.parallel.TensorParallel`, so every
 cache it makes (``init_cache``, inside ``generate`` and ``speculative_generate`` too) is split
 over KV heads, or replicated where its KV heads do not divide over the mesh axis. ``generate``,
 ``speculative_generate`` and ``forward`` then run unchanged: their jitted programs take the
 placed arrays and XLA partitions them. A one-device mesh takes the same path.
 
-Attention runs per device on its KV heads and their query heads (``HeadSharding.per_head``, a
-``shard_map``: the attention kernels are custom calls XLA cannot partition). The fused projections
-keep their layout (``q | k | v``, ``gate | up``): a device's column block is not its heads' q, k
-and v, so XLA moves columns between devices after those matmuls. That is correct; whether a
-per-device interleaved layout is worth it is for the multi-GPU measurement. The matmul kernel is
-not wrapped: under a mesh on GPUs, ``impl="auto,skinny_matmul=xla"``.
+Attention and the split projections run per device in ``shard_map`` (``jspec.parallel``: the
+Pallas kernels are custom calls XLA cannot partition), the row-split ones all-reducing their
+partial products. The fused projections keep their layout (``q | k | v``, ``gate | up``): a
+device's column block is not its heads' q, k and v, so XLA moves columns between devices after
+those matmuls. That is correct; whether a per-device interleaved layout is worth it is for the
+multi-GPU measurement.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jspec.kv import HeadSharding
 from jspec.models import gemma4, init_params, llama
+from jspec.parallel import TensorParallel
 
 TP_AXIS = "tp"
 COLUMN_SPLIT = frozenset({"qkv", "qkv_bias", "gate_up", "lm_head"})  # the last axis
@@ -65,7 +65,7 @@ def init_sharded(config, key, dtype, mesh: Mesh, *, axis: str = TP_AXIS, **init_
     placements = jax.tree_util.tree_map_with_path(
         lambda path, leaf: NamedSharding(mesh, param_spec(_field_name(path), leaf.shape, size, axis)), abstract)
     model = jax.jit(make, out_shardings=placements)(key)
-    return dataclasses.replace(model, kv_placement=HeadSharding(mesh, axis))
+    return dataclasses.replace(model, tensor_parallel=TensorParallel(mesh, axis))
 
 
 def _field_name(path) -> str:
@@ -87,7 +87,7 @@ def shard(tree, mesh: Mesh, *, axis: str = TP_AXIS):
 
     def place_model(model):
         placed = jax.tree_util.tree_map_with_path(place, model)
-        return dataclasses.replace(placed, kv_placement=HeadSharding(mesh, axis))
+        return dataclasses.replace(placed, tensor_parallel=TensorParallel(mesh, axis))
 
     def place_leaf(leaf):  # a model, or an array outside any model (replicated)
         return place_model(leaf) if isinstance(leaf, _MODELS) else place((), leaf)

@@ -65,18 +65,22 @@ def check_plain_decoding():
         assert jspec.generate(sharded, PROMPTS, 12) == plain
 
 
-def check_attention_runs_per_device_heads():
-    """With the cache split over KV heads, attention runs inside a shard_map over those heads (the
+def check_kernels_run_per_device():
+    """Attention (on each device's KV heads) and the split projections run inside shard_maps (the
     Pallas kernels are custom calls XLA cannot partition), kernels included (interpret mode here);
-    with replicated heads it runs as it is."""
-    target = _target()
+    where nothing divides over the mesh they run as they are."""
+    target = _target(dataclasses.replace(CONFIG, tie_word_embeddings=False))
     sharded = jspec.shard(target, jspec.tensor_parallel_mesh())
     tokens = jnp.array([[3, 1, 4, 1, 5]])
-    jaxpr = str(jax.make_jaxpr(lambda m, kv: jspec.forward(m, tokens, kv))(sharded, sharded.init_cache(1, 32)))
-    assert "shard_map" in jaxpr
-    replicated = jspec.shard(jspec.init_params(TINY, jax.random.key(0)), jspec.tensor_parallel_mesh())
-    jaxpr = str(jax.make_jaxpr(lambda m, kv: jspec.forward(m, tokens, kv))(replicated, replicated.init_cache(1, 32)))
-    assert "shard_map" not in jaxpr
+
+    def shard_maps(model):
+        jaxpr = jax.make_jaxpr(lambda m, kv: jspec.forward(m, tokens, kv))(model, model.init_cache(1, 32))
+        return str(jaxpr).count("shard_map[")
+
+    # per layer: attention, qkv and gate_up (column), o and down (row); then the LM head (column)
+    assert shard_maps(sharded) == 5 * CONFIG.num_layers + 1
+    small = dataclasses.replace(TINY, num_heads=3, num_kv_heads=1, head_dim=18, intermediate_size=91)  # nothing divides by 4
+    assert shard_maps(jspec.shard(jspec.init_params(small, jax.random.key(0)), jspec.tensor_parallel_mesh())) == 0
     prompts = PROMPTS[:2]
     assert jspec.generate(sharded, prompts, 6, impl="pallas") == jspec.generate(target, prompts, 6, impl="pallas")
 
@@ -127,7 +131,7 @@ def check_sharded_init_and_benchmarks():
 
     mesh = jspec.tensor_parallel_mesh()
     placed = init_sharded(CONFIG, jax.random.key(0), jnp.float32, mesh)
-    assert _spec(placed.layers[1].gate_up) == P(None, "tp") and placed.kv_placement is not None
+    assert _spec(placed.layers[1].gate_up) == P(None, "tp") and placed.tensor_parallel is not None
     on_one_device = jax.jit(jspec.init_params, static_argnums=(0, 2))(CONFIG, jax.random.key(0), jnp.float32)
     for a, b in zip(jax.tree.leaves(placed), jax.tree.leaves(on_one_device), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -70,15 +70,17 @@ def token_positions(
     return kv.lengths[:, None] + jnp.sum(tree_mask, axis=-1, dtype=jnp.int32) - 1
 
 
-def lm_head(embed: jax.Array, head: jax.Array | None, h: jax.Array, *, impl: str = "auto") -> jax.Array:
+def lm_head(embed: jax.Array, head: jax.Array | None, h: jax.Array, *, impl: str = "auto",
+            parallel=None) -> jax.Array:
     """Logits in fp32 for normed hidden rows ``h [..., hidden]`` -> ``[..., vocab]``; ``head
-    [hidden, vocab]``, or None when tied to ``embed [vocab, hidden]``."""
+    [hidden, vocab]``, or None when tied to ``embed [vocab, hidden]``. ``parallel``: a placed
+    model's ``jspec.parallel.TensorParallel`` (an untied head then runs column-split per device)."""
     if head is None and check_impl(impl, "skinny_matmul") == "invariant":
         head = embed.T  # the row-invariant matmul takes [hidden, vocab]: a transposed copy
     if head is None:
         # Tied: contract against the embedding table as stored, no transposed copy.
         return jnp.einsum("...h,vh->...v", h, embed, preferred_element_type=jnp.float32)
-    return linear(h, head, impl=impl).astype(jnp.float32)
+    return linear(h, head, impl=impl, parallel=parallel, split="column").astype(jnp.float32)
 
 
 def random_matrix(key, shape, dtype, scale):

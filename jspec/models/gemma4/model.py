@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.kv import HeadSharding, KVCache, write_rows
+from jspec.kv import KVCache, write_rows
+from jspec.parallel import TensorParallel
 from jspec.layers import gated_mlp, linear
 from jspec.layers import rms_norm_fp32_scale as rms_norm
 from jspec.models.base import NO_CAPTURE, Capture, lm_head, token_positions, random_matrix, random_norm_weight
@@ -80,7 +81,7 @@ class Model:
     lm_head: jax.Array | None  # [hidden, vocab]; None when tied to ``embed``
     ple: PerLayerEmbedding | None
     config: Gemma4Config = dataclasses.field(metadata=dict(static=True))
-    kv_placement: HeadSharding | None = dataclasses.field(default=None, metadata=dict(static=True))  # jspec.shard
+    tensor_parallel: TensorParallel | None = dataclasses.field(default=None, metadata=dict(static=True))  # jspec.shard
 
     @property
     def dtype(self):
@@ -91,7 +92,7 @@ class Model:
         c = self.config
         geometry = [c.attention_shape(i) for i in range(c.first_kv_shared_layer)]
         shapes = [(batch, kv_heads, max_len, head_dim) for kv_heads, head_dim in geometry]
-        return KVCache.of_shapes(shapes, self.dtype, placement=self.kv_placement)
+        return KVCache.of_shapes(shapes, self.dtype, placement=self.tensor_parallel)
 
 
 def _scale_in_dtype(value: float, dtype) -> jax.Array:
@@ -119,20 +120,20 @@ def per_layer_inputs(model: Model, tokens: jax.Array, x: jax.Array, *, impl: str
 
 def attention(
     layer: Layer, c: Gemma4Config, index: int, h, positions, cos, sin, k_buf, v_buf, kv_lengths, *, tree_mask=None,
-    impl="auto", kv_placement: HeadSharding | None = None,
+    impl="auto", parallel: TensorParallel | None = None,
 ):
     """Self-attention of layer ``index`` over normed rows ``h [batch, T, hidden]`` at ``positions``.
 
     ``kv_lengths [batch]``: valid cache rows once this step's rows are in. A layer that owns
     its cache writes the K/V of its ``T`` rows as the last ``T`` of those; a KV-shared layer
     reads its source layer's buffers (written earlier in this step) as they are, so its rows
-    may be any subset of the step's. ``kv_placement``: a tensor-parallel model's (``jspec.shard``):
-    attention runs per device's heads. Returns ``([batch, T, hidden], k_buf, v_buf)``.
+    may be any subset of the step's. ``parallel``: a placed model's (``jspec.shard``):
+    attention and projections run per device. Returns ``([batch, T, hidden], k_buf, v_buf)``.
     """
     batch, num_rows, _ = h.shape
     kv_heads, head_dim = c.attention_shape(index)
     q_size, kv_size = c.num_heads * head_dim, kv_heads * head_dim
-    proj = linear(h, layer.qkv, impl=impl)
+    proj = linear(h, layer.qkv, impl=impl, parallel=parallel, split="column")
     q = proj[..., :q_size].reshape(batch, num_rows, c.num_heads, head_dim)
     q = rms_norm(q, layer.q_norm, c.rms_norm_eps, impl=impl)
     q = apply_rope(q, cos, sin)
@@ -148,24 +149,26 @@ def attention(
                                 window=c.window(index), scale=1.0, impl=impl)
 
     args = (q, k_buf, v_buf, kv_lengths, positions, tree_mask)
-    attn = attend(*args) if kv_placement is None else kv_placement.per_head(attend, *args)
-    return linear(attn.reshape(batch, num_rows, q_size), layer.o, impl=impl), k_buf, v_buf
+    attn = attend(*args) if parallel is None else parallel.per_head(attend, *args)
+    out = linear(attn.reshape(batch, num_rows, q_size), layer.o, impl=impl, parallel=parallel, split="row")
+    return out, k_buf, v_buf
 
 
 def decoder_layer(
     layer: Layer, c: Gemma4Config, index: int, x, k_buf, v_buf, kv_lengths, positions, cos, sin, per_layer_input,
-    *, tree_mask=None, impl="auto", kv_placement=None,
+    *, tree_mask=None, impl="auto", parallel=None,
 ):
     """Layer ``index`` on the residual stream ``x [batch, T, hidden]``; ``per_layer_input
-    [batch, T, P]`` or None without PLE; ``kv_lengths``, ``tree_mask`` and ``kv_placement`` as for
+    [batch, T, P]`` or None without PLE; ``kv_lengths``, ``tree_mask`` and ``parallel`` as for
     ``attention``. Returns ``(x, k_buf, v_buf)``.""" 
     eps = c.rms_norm_eps
     attn_out, k_buf, v_buf = attention(
         layer, c, index, rms_norm(x, layer.attn_norm, eps, impl=impl), positions, cos, sin, k_buf, v_buf,
-        kv_lengths, tree_mask=tree_mask, impl=impl, kv_placement=kv_placement,
+        kv_lengths, tree_mask=tree_mask, impl=impl, parallel=parallel,
     )
     x = x + rms_norm(attn_out, layer.post_attn_norm, eps, impl=impl)
-    mlp_out = gated_mlp(rms_norm(x, layer.mlp_norm, eps, impl=impl), layer.gate_up, layer.down, gelu_tanh, impl=impl)
+    mlp_out = gated_mlp(rms_norm(x, layer.mlp_norm, eps, impl=impl), layer.gate_up, layer.down, gelu_tanh, impl=impl,
+                        parallel=parallel)
     x = x + rms_norm(mlp_out, layer.post_mlp_norm, eps, impl=impl)
     if per_layer_input is not None:
         gated = gelu_tanh(linear(x, layer.ple_gate, impl=impl)) * per_layer_input
@@ -227,7 +230,8 @@ def forward(
         src = c.kv_source(i)
         x, k_bufs[src], v_bufs[src] = decoder_layer(
             layer, c, i, x, k_bufs[src], v_bufs[src], kv_lengths, positions, *rope[c.layer_types[i]],
-            None if ple is None else ple[:, :, i], tree_mask=tree_mask, impl=impl, kv_placement=model.kv_placement,
+            None if ple is None else ple[:, :, i], tree_mask=tree_mask, impl=impl,
+            parallel=model.tensor_parallel,
         )
     residuals[c.num_layers] = x
     features = tuple(residuals[i] for i in capture.residuals)
@@ -239,12 +243,14 @@ def forward(
     if not compute_logits:
         logits = None
     elif logits_rows is None:
-        logits = softcap(lm_head(model.embed, model.lm_head, normed, impl=impl), c.final_logit_softcapping)
+        logits = lm_head(model.embed, model.lm_head, normed, impl=impl, parallel=model.tensor_parallel)
+        logits = softcap(logits, c.final_logit_softcapping)
     else:
         if keep_head_rows_at is None or keep_head_rows_at == c.num_layers:  # x still holds all T rows
             x = gather_rows(x, head_rows, impl=impl)
         normed_rows = rms_norm(x, model.final_norm, c.rms_norm_eps, impl=impl)
-        logits = softcap(lm_head(model.embed, model.lm_head, normed_rows, impl=impl), c.final_logit_softcapping)
+        logits = softcap(lm_head(model.embed, model.lm_head, normed_rows, impl=impl,
+                                 parallel=model.tensor_parallel), c.final_logit_softcapping)
 
     new_kv = KVCache(k=tuple(k_bufs), v=tuple(v_bufs), lengths=kv.lengths + num_rows)
     return logits, features, new_kv

@@ -13,7 +13,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jspec.kv import HeadSharding, KVCache, write_rows
+from jspec.kv import KVCache, write_rows
+from jspec.parallel import TensorParallel
 from jspec.layers import linear, rms_norm, silu_mlp
 from jspec.models.base import NO_CAPTURE, Capture, lm_head, token_positions, random_matrix, random_norm_weight
 from jspec.models.llama.config import LlamaConfig
@@ -47,7 +48,7 @@ class Model:
     final_norm: jax.Array  # [hidden]
     lm_head: jax.Array | None  # [hidden, vocab]; None when tied to ``embed``
     config: LlamaConfig = dataclasses.field(metadata=dict(static=True))
-    kv_placement: HeadSharding | None = dataclasses.field(default=None, metadata=dict(static=True))  # jspec.shard
+    tensor_parallel: TensorParallel | None = dataclasses.field(default=None, metadata=dict(static=True))  # jspec.shard
 
     @property
     def dtype(self):
@@ -56,12 +57,12 @@ class Model:
     def init_cache(self, batch: int, max_len: int) -> KVCache:
         c = self.config
         return KVCache.zeros(c.num_layers, batch, c.num_kv_heads, max_len, c.head_dim, self.dtype,
-                             placement=self.kv_placement)
+                             placement=self.tensor_parallel)
 
 
 def attention(
     layer, c: LlamaConfig, h, positions, cos, sin, k_buf, v_buf, lengths, *, keep_rows=None, tree_mask=None,
-    impl="auto", kv_placement: HeadSharding | None = None,
+    impl="auto", parallel: TensorParallel | None = None,
 ):
     """Self-attention of one layer over the normed rows ``h [batch, T, in]`` (``in`` is usually
     ``hidden``; EAGLE-3's midlayer reads ``2 * hidden``).
@@ -69,12 +70,12 @@ def attention(
     Writes the K/V of all ``T`` rows at ``lengths[b] ..``. With ``keep_rows [batch]`` only that
     row's query is kept right after the K/V write (the others are dead: their K/V is all the
     caller needs) and the output is ``[batch, 1, hidden]``; otherwise ``[batch, T, hidden]``.
-    ``kv_placement``: a tensor-parallel model's (``jspec.shard``): attention runs per device's heads.
+    ``parallel``: a placed model's (``jspec.shard``): attention and projections run per device.
     """
     batch, num_rows, _ = h.shape
     if keep_rows is not None and tree_mask is not None:
         raise ValueError("keep_rows and tree_mask together are not supported")
-    qkv = linear(h, layer.qkv, layer.qkv_bias, impl=impl)
+    qkv = linear(h, layer.qkv, layer.qkv_bias, impl=impl, parallel=parallel, split="column")
     q, k, v = jnp.split(qkv, [c.q_size, c.q_size + c.kv_size], axis=-1)
     q = q.reshape(batch, num_rows, c.num_heads, c.head_dim)
     k = k.reshape(batch, num_rows, c.num_kv_heads, c.head_dim)
@@ -96,8 +97,8 @@ def attention(
         return decode_attention(q, k_buf, v_buf, kv_lengths, q_positions=positions, tail_mask=tree_mask, impl=impl)
 
     args = (q, k_buf, v_buf, lengths + num_rows, positions, tree_mask)
-    attn = attend(*args) if kv_placement is None else kv_placement.per_head(attend, *args)
-    out = linear(attn.reshape(batch, num_q, c.q_size), layer.o, impl=impl)
+    attn = attend(*args) if parallel is None else parallel.per_head(attend, *args)
+    out = linear(attn.reshape(batch, num_q, c.q_size), layer.o, impl=impl, parallel=parallel, split="row")
     return out, k_buf, v_buf
 
 
@@ -116,7 +117,7 @@ def decoder_layer(
     keep_rows: jax.Array | None = None,
     tree_mask: jax.Array | None = None,
     impl: str = "auto",
-    kv_placement: HeadSharding | None = None,
+    parallel: TensorParallel | None = None,
 ):
     """One pre-norm decoder layer on the residual stream ``x [batch, T, hidden]``.
 
@@ -130,12 +131,13 @@ def decoder_layer(
     h = rms_norm(x, layer.attn_norm, c.rms_norm_eps, impl=impl) if attn_input is None else attn_input
     attn_out, k_buf, v_buf = attention(
         layer, c, h, positions, cos, sin, k_buf, v_buf, lengths, keep_rows=keep_rows, tree_mask=tree_mask, impl=impl,
-        kv_placement=kv_placement,
+        parallel=parallel,
     )
     if keep_rows is not None:
         x = gather_rows(x, keep_rows, impl=impl)[:, None]
     x = x + attn_out
-    x = x + silu_mlp(rms_norm(x, layer.mlp_norm, c.rms_norm_eps, impl=impl), layer.gate_up, layer.down, impl=impl)
+    x = x + silu_mlp(rms_norm(x, layer.mlp_norm, c.rms_norm_eps, impl=impl), layer.gate_up, layer.down, impl=impl,
+                     parallel=parallel)
     return x, k_buf, v_buf
 
 
@@ -172,7 +174,7 @@ def forward(
             residuals[i] = x
         x, k_buf, v_buf = decoder_layer(
             layer, c, x, kv.k[i], kv.v[i], kv.lengths, positions, cos, sin, tree_mask=tree_mask, impl=impl,
-            kv_placement=model.kv_placement,
+            parallel=model.tensor_parallel,
         )
         new_k.append(k_buf)
         new_v.append(v_buf)
@@ -186,10 +188,10 @@ def forward(
     if not compute_logits:
         logits = None
     elif logits_rows is None:
-        logits = lm_head(model.embed, model.lm_head, normed, impl=impl)
+        logits = lm_head(model.embed, model.lm_head, normed, impl=impl, parallel=model.tensor_parallel)
     else:
         rows = gather_rows(x, logits_rows, norm_weight=model.final_norm, eps=c.rms_norm_eps, impl=impl)
-        logits = lm_head(model.embed, model.lm_head, rows, impl=impl)
+        logits = lm_head(model.embed, model.lm_head, rows, impl=impl, parallel=model.tensor_parallel)
 
     new_kv = KVCache(k=tuple(new_k), v=tuple(new_v), lengths=kv.lengths + num_rows)
     return logits, features, new_kv
