@@ -157,21 +157,22 @@ class Eagle3(HiddenStateDrafter):
         g = g.astype(head.fc.dtype)
         if head.fc_norm is not None:
             chunks = jnp.split(g, len(head.fc_norm), axis=-1)
-            g = jnp.concatenate([rms_norm(x, w, eps) for x, w in zip(chunks, head.fc_norm)], axis=-1)
+            g = jnp.concatenate([rms_norm(x, w, eps, impl=self.impl) for x, w in zip(chunks, head.fc_norm)], axis=-1)
         return linear(g, head.fc, head.fc_bias, impl=self.impl)
 
     def _layer_inputs(self, tokens, g, from_target: bool):
         eps = self._layer_config.rms_norm_eps
         e = self._embedding()[tokens].astype(self.head.norm.dtype)
         h = self.fc(g) if from_target else g
-        attn_in = jnp.concatenate([rms_norm(e, self.head.layer.attn_norm, eps), rms_norm(h, self.head.hidden_norm, eps)], -1)
+        attn_in = jnp.concatenate([rms_norm(e, self.head.layer.attn_norm, eps, impl=self.impl),
+                                   rms_norm(h, self.head.hidden_norm, eps, impl=self.impl)], -1)
         return h, attn_in
 
     def _recycle(self, x):
         return x
 
     def head_logits(self, x):
-        h = rms_norm(x, self.head.norm, self._layer_config.rms_norm_eps)
+        h = rms_norm(x, self.head.norm, self._layer_config.rms_norm_eps, impl=self.impl)
         return linear(h, self.head.lm_head, impl=self.impl).astype(jnp.float32)
 
     def _to_target(self, ids):

@@ -139,16 +139,17 @@ class MTP(HiddenStateDrafter):
         eps, head = self.head.config.rms_norm_eps, self.head
         e = self.embed[tokens].astype(head.norm.dtype)
         g = g.astype(head.norm.dtype)
-        x = linear(jnp.concatenate([rms_norm(e, head.enorm, eps), rms_norm(g, head.hnorm, eps)], -1), head.eh_proj, impl=self.impl)
+        normed = [rms_norm(e, head.enorm, eps, impl=self.impl), rms_norm(g, head.hnorm, eps, impl=self.impl)]
+        x = linear(jnp.concatenate(normed, -1), head.eh_proj, impl=self.impl)
         return x, None
 
     def _recycle(self, x):
         if self.recycled_hidden == "pre_norm":
             return x
-        return rms_norm(x, self.head.norm, self.head.config.rms_norm_eps)
+        return rms_norm(x, self.head.norm, self.head.config.rms_norm_eps, impl=self.impl)
 
     def head_logits(self, x):
-        h = rms_norm(x, self.head.norm, self.head.config.rms_norm_eps)
+        h = rms_norm(x, self.head.norm, self.head.config.rms_norm_eps, impl=self.impl)
         return lm_head(self.embed, self.lm_head, h, impl=self.impl)
 
     def _to_target(self, ids):

@@ -145,7 +145,7 @@ def assistant_step(assistant: Assistant, target_embed, tokens, hidden, kv: Froze
         x, _, _ = decoder_layer(
             layer, c, i, x, kv.k[kind], kv.v[kind], kv.lengths, anchor, *kv.rope[kind], None, impl=impl
         )
-    y = rms_norm(x, a.model.final_norm, c.rms_norm_eps)
+    y = rms_norm(x, a.model.final_norm, c.rms_norm_eps, impl=impl)
     y = y if branched else y[:, 0]
     return y, linear(y, a.post_projection, impl=impl)
 
