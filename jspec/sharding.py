@@ -55,16 +55,19 @@ def param_spec(name: str, shape: tuple[int, ...], size: int, axis: str = TP_AXIS
     return PartitionSpec()
 
 
+def placements(tree, mesh: Mesh, *, axis: str = TP_AXIS):
+    """The ``NamedSharding`` of every array (or ``ShapeDtypeStruct``) of ``tree`` by its field name."""
+    size = mesh.shape[axis]
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: NamedSharding(mesh, param_spec(_field_name(path), leaf.shape, size, axis)), tree)
+
+
 def init_sharded(config, key, dtype, mesh: Mesh, *, axis: str = TP_AXIS, **init_kw):
     """Random parameters (``jspec.init_params``) made already placed as :func:`shard` would place
     them, by one jitted init with output shardings: a model too large for one device never exists
     on one, nor on the host."""
-    size = mesh.shape[axis]
     make = functools.partial(init_params, config, dtype=dtype, **init_kw)
-    abstract = jax.eval_shape(make, key)
-    placements = jax.tree_util.tree_map_with_path(
-        lambda path, leaf: NamedSharding(mesh, param_spec(_field_name(path), leaf.shape, size, axis)), abstract)
-    model = jax.jit(make, out_shardings=placements)(key)
+    model = jax.jit(make, out_shardings=placements(jax.eval_shape(make, key), mesh, axis=axis))(key)
     return dataclasses.replace(model, tensor_parallel=TensorParallel(mesh, axis))
 
 
@@ -78,18 +81,11 @@ def shard(tree, mesh: Mesh, *, axis: str = TP_AXIS):
     making its caches split over KV heads."""
     if axis not in mesh.axis_names:
         raise ValueError(f"the mesh has no axis {axis!r} (axes: {mesh.axis_names})")
-    size = mesh.shape[axis]
 
-    def place(path, leaf):
-        if not isinstance(leaf, jax.Array | np.ndarray):
-            return leaf
-        return jax.device_put(leaf, NamedSharding(mesh, param_spec(_field_name(path), leaf.shape, size, axis)))
-
-    def place_model(model):
-        placed = jax.tree_util.tree_map_with_path(place, model)
-        return dataclasses.replace(placed, tensor_parallel=TensorParallel(mesh, axis))
-
-    def place_leaf(leaf):  # a model, or an array outside any model (replicated)
-        return place_model(leaf) if isinstance(leaf, _MODELS) else place((), leaf)
+    def place_leaf(leaf):  # a model by its field names; an array outside any model replicated
+        if isinstance(leaf, _MODELS):
+            placed = jax.device_put(leaf, placements(leaf, mesh, axis=axis))
+            return dataclasses.replace(placed, tensor_parallel=TensorParallel(mesh, axis))
+        return jax.device_put(leaf, NamedSharding(mesh, PartitionSpec()))
 
     return jax.tree_util.tree_map(place_leaf, tree, is_leaf=lambda x: isinstance(x, _MODELS))

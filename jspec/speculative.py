@@ -206,8 +206,8 @@ def speculative_on_device(
     """Prefill, then speculation rounds in a ``lax.while_loop`` until every sequence is done.
 
     ``max_new_tokens`` is traced, and so are the leaves of ``acceptance`` (see
-    :func:`speculative_round`). Compiled with :data:`jspec.compile_options.LOOP_COMPILER_OPTIONS`. Returns (history ``[batch, capacity]``, emitted counts,
-    rounds, accepted drafts), each per sequence.
+    :func:`speculative_round`). Compiled with :data:`jspec.compile_options.LOOP_COMPILER_OPTIONS`.
+    Returns (history ``[batch, capacity]``, emitted counts, rounds, accepted drafts), each per sequence.
     """
     state = start(
         target, drafter, tokens, prompt_lengths, key,

