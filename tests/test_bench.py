@@ -25,7 +25,7 @@ from jspec.policy import round_costs_from_benchmark
 from tests.tiny import TINY_GEMMA4, eagle3_head, tiny_gemma4, tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
-SUBCOMMANDS = ["decode", "spec", "compile", "kernels", "matmul", "catch-up", "frozen-kv", "accept"]
+SUBCOMMANDS = ["decode", "spec", "compile", "kernels", "matmul", "catch-up", "frozen-kv", "accept", "invariant"]
 KERNEL_ACTIONS = ["copy-bandwidth", "check", "decode-attention", "gather-rows", "plot", "merge", "all", "draft-attention-gemma4"]
 
 
@@ -130,6 +130,18 @@ def test_frozen_kv_tiny(tmp_path):
     # A tiny run's plain tokens/s is a difference of two short timings: on a busy CPU its sign is noise.
     assert abs(e2e["expected_acceptance_length"] - 2.5) < 1e-9 and np.isfinite(e2e["speedup"])
     assert out.with_suffix(".png").exists()
+
+
+def test_invariant_tiny_speculative_equals_plain_and_self_drafting_accepts_everything(tmp_path):
+    """Under impl="invariant" every drafter's speculative greedy output is plain greedy output on a
+    ragged batch (bf16, kernels interpreted on CPU), and self-drafting accepts every draft."""
+    out = tmp_path / "invariant.json"
+    _bench("invariant", "--tiny", "--out", out, "--impl", "invariant")
+    rows = report.rows(_result(out), "invariant")
+    assert [(r["drafter"], r["impl"]) for r in rows] == [(d, "invariant") for d in ("eagle3", "draft-model", "self")]
+    assert all(r["num_tokens"] == 48 and r["differing_tokens"] == 0 and r["first_difference"] is None for r in rows)
+    assert rows[1]["draft"] == "tiny-draft" and rows[0]["prompt_lengths"] == [12, 10, 8]
+    assert rows[2]["all_drafts_accepted"] and rows[2]["mean_acceptance_length"] == 4  # k + 1 per round
 
 
 def test_kernels_all_tiny_then_plot_and_merge(tmp_path):

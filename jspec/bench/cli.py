@@ -12,6 +12,8 @@ Subcommands:
   accept    acceptance lengths on real model pairs and prompts (fp32), HF assisted generation as the peer
   frozen-kv the Gemma 4 assistant drafter: round vs a decode step, the seed folded into the draft
             scan vs a separate call, end to end at SGLang's acceptance lengths
+  invariant speculative greedy == plain greedy token for token (bf16, random weights at real
+            shapes) under impl=invariant, and the drift under auto
 
 Every subcommand takes, after its name, --tiny (a seconds-long CPU smoke run on tiny shapes),
 --out, --dtype, --seed, --repeats and, where meaningful, --impl. Targets are presets (random
@@ -24,10 +26,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jspec.bench import accept, catch_up, compile, decode, frozen_kv, kernels, matmul, spec
+from jspec.bench import accept, catch_up, compile, decode, frozen_kv, invariant, kernels, matmul, spec
 from jspec.bench.flags import apply_tiny
 
-SUBCOMMANDS = (decode, spec, compile, kernels, matmul, catch_up, frozen_kv, accept)
+SUBCOMMANDS = (decode, spec, compile, kernels, matmul, catch_up, frozen_kv, accept, invariant)
 
 
 def parser() -> argparse.ArgumentParser:
