@@ -24,8 +24,8 @@ probabilities are cast to V's dtype before the PV product (as a flash kernel doe
 
 The Pallas kernel (flash-decoding with the batch's KV blocks shared out evenly over its programs,
 stream-K) lives in :mod:`pallas_kernels.flash_decoding`; its tiling, a function of the shapes and
-the window, in :mod:`pallas_kernels.decode_tiling`. Wide heads (head_dim 512) with 17..64 query
-rows x GQA group and neither window nor tail mask run on a GPU in the Mosaic GPU kernel of
+the window, in :mod:`pallas_kernels.decode_tiling`. Wide heads (head_dim 512) with more than 16
+query rows x GQA group and neither window nor tail mask run on a GPU in the Mosaic GPU kernel of
 :mod:`pallas_kernels.wide_head_decode` instead (:func:`use_wide_kernel`).
 
 ``impl="auto"`` (see :func:`use_pallas`): the reference on CPU; on a GPU the kernel wherever the
@@ -124,8 +124,8 @@ def use_pallas(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype
       kernel against 1123 with the reference, H100);
     * head_dim 512 with more than 4 M blocks of 16 rows (query rows x GQA group > 64, e.g. Gemma 4
       31B verifying 9 rows): each M block reads the K/V blocks again from L2, and past 4 of them the
-      reference's one pass over the cache is as fast or faster. (The wide-head kernel runs these
-      rows in two 64-row M tiles now; it takes them under ``auto`` once measured.)
+      reference's one pass over the cache is as fast or faster. ``auto`` gives these rows to the
+      wide-head kernel's 64-row M tiles instead where :func:`use_wide_kernel` takes them.
     """
     if jnp.dtype(dtype).itemsize != 2 or head_dim > 512:
         return False
@@ -140,15 +140,20 @@ def use_wide_kernel(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, 
                     window=None) -> bool:
     """Where the Pallas path on a GPU takes the Mosaic GPU wide-head kernel
     (``benchmarks/draft_attention_gemma4_full_h100.json``, variant ``wide``): head_dim 512 (Gemma 4's
-    full layers), no window or tail mask (and, under ``auto``, at most one M tile of query rows x GQA
-    group: :func:`use_pallas`), and
+    full layers), no window or tail mask, and
 
     * more than 32 rows (Gemma 4 31B verifying 4 drafts: 40; E4B 8 drafts: 36), where the Triton
       kernel's three or more 16-row slices re-reading each K/V tile stream 0.55-0.69 of copy
       bandwidth and this kernel 0.8-0.87 from ~1 GB read; or
     * 17..32 rows with 64 or more (sequence, KV head) pairs (E4B verifying 4 drafts at batch 32).
 
-    Both only from 16k (sequence x KV head x cache row) triples up: below, the Triton kernel's
+    Past 64 rows (31B verifying 8 drafts: 72) it runs 64-row M tiles, one program per tile, the
+    tiles of a KV head neighbours so their K/V reads share L2: 1.35-2.25x the reference at batch
+    1 / 8 x 4k / 32k on the H200, where the Triton kernel was slower than the reference
+    (``benchmarks/draft_attention_gemma4_ring_m_tiles_h200.json``). Under ``auto`` these rows
+    come here through the dispatcher, since :func:`use_pallas` leaves them to the reference.
+
+    All of it only from 16k (sequence x KV head x cache row) triples up: below, the Triton kernel's
     lighter start wins by a few microseconds. With at most 16 rows the Triton kernel is faster."""
     rows = num_q * (num_q_heads // num_kv_heads)
     busy = rows > 32 or (rows > 16 and batch * num_kv_heads >= 64)
@@ -163,7 +168,8 @@ def decode_attention(q, k, v, kv_lengths, *, q_positions, tail_mask=None, window
         raise ValueError(f"num_q_heads {q.shape[2]} is not a multiple of num_kv_heads {k.shape[1]}")
     if impl == "auto":
         batch, num_q, num_q_heads, head_dim = q.shape
-        use = on_gpu() and use_pallas(batch, num_q, num_q_heads, k.shape[1], k.shape[2], head_dim, k.dtype)
+        shape = (batch, num_q, num_q_heads, k.shape[1], k.shape[2], head_dim, k.dtype)
+        use = on_gpu() and (use_pallas(*shape) or use_wide_kernel(*shape, tail_mask=tail_mask, window=window))
         impl = "pallas" if use else "xla"
     if impl == "invariant":
         if tail_mask is not None:

@@ -6,10 +6,12 @@ Leading batch dims of x are flattened into M.
 The cost of ``x @ w`` for M = 1..64 is reading ``w`` once, so the Pallas kernel is a
 weight-streaming GEMV/GEMM (Triton backend):
 
-* grid ``(cdiv(N, block_n), split_k)``: each program owns one ``block_n`` column tile of
-  ``w`` and one of ``split_k`` contiguous K ranges (split-K when the N tiles alone do not
+* grid ``(M tiles, cdiv(N, block_n), split_k)``: each program owns one ``block_n`` column tile
+  of ``w`` and one of ``split_k`` contiguous K ranges (split-K when the N tiles alone do not
   fill the GPU's SMs); it loops over its K range in ``block_k`` steps with a
-  ``fori_loop`` that Triton software-pipelines ``num_stages`` deep;
+  ``fori_loop`` that Triton software-pipelines ``num_stages`` deep. M tiles (only with
+  ``block_m`` set) are the fastest grid axis, so the tiles that read the same weight tile run
+  back to back and all but the first read it from L2;
 * the rows of ``x`` are padded to ``block_m = max(16, next_pow2(M))`` *inside* the kernel
   (a masked load), the minimum size of a 16-bit tensor-core dot;
 * K and N that are not multiples of the block are handled with masked loads and stores
@@ -112,10 +114,22 @@ def default_config(m: int, k: int, n: int, itemsize: int = 2) -> SkinnyConfig:
 def invariant_config(k: int, n: int, itemsize: int = 2) -> SkinnyConfig:
     """A tiling that depends on the weight's shape only, never on the rows: 16-row M tiles, no
     split-K, one fixed K step. Each row's result is then the same sum in the same order whether it
-    is computed alone, among verify rows, in a batch or in a prefill (``impl="invariant"``)."""
-    return SkinnyConfig(block_n=min(128, _pow2_at_least(n, 16)),
-                        block_k=min(128 if itemsize <= 2 else 64, _pow2_at_least(k, 16)),
-                        split_k=1, num_warps=4, num_stages=4, block_m=16)
+    is computed alone, among verify rows, in a batch or in a prefill (``impl="invariant"``).
+
+    The swept one-row tiling where it has no split-K (every Llama-3.1-8B projection), else
+    ``block_n`` narrowed until the column tiles alone fill the SMs: without split-K they are all
+    the parallelism a one-row product has."""
+    swept = _TUNED.get((k, n), {}).get(1) if itemsize == 2 else None
+    if swept is not None and swept[0][2] == 1:
+        block_n, block_k, _, num_warps, num_stages = swept[0]
+    else:
+        block_n = min(128, _pow2_at_least(n, 16))
+        block_k = min(128 if itemsize <= 2 else 64, _pow2_at_least(k, 16))
+        while block_n > 16 and pl.cdiv(n, block_n) < 1.5 * _NUM_SMS:
+            block_n //= 2
+        num_warps, num_stages = 4, 4
+    return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=1, num_warps=num_warps,
+                        num_stages=num_stages, block_m=16)
 
 
 def _pow2_at_least(v: int, lo: int) -> int:
@@ -127,11 +141,11 @@ def _kernel(x_ref, w_ref, o_ref, *, m, k, n, block_m, block_k, block_n, k_per_sp
     # x_ref: [block_m, k_per_split]   (rows >= m and cols >= k are out of the array)
     # w_ref: [k_per_split, block_n]
     # o_ref: [block_m, block_n]      (squeezed split dim when split_k > 1)
-    pid_n = pl.program_id(0)
-    pid_s = pl.program_id(1)
+    pid_n = pl.program_id(1)
+    pid_s = pl.program_id(2)
     num_k_steps = k_per_split // block_k
 
-    row_ok = (pl.program_id(2) * block_m + jnp.arange(block_m) < m) if mask_m else None
+    row_ok = (pl.program_id(0) * block_m + jnp.arange(block_m) < m) if mask_m else None
     col_ok = (pid_n * block_n + jnp.arange(block_n) < n) if mask_n else None
 
     def body(step, acc):
@@ -190,7 +204,7 @@ def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool):
     steps = pl.cdiv(pl.cdiv(k, split_k), block_k)
     k_per_split = steps * block_k
     split_k = pl.cdiv(k, k_per_split)  # drop splits that would be empty
-    grid = (pl.cdiv(n, block_n), split_k, pl.cdiv(m, block_m))
+    grid = (pl.cdiv(m, block_m), pl.cdiv(n, block_n), split_k)
     compute_dtype = jnp.promote_types(x.dtype, w.dtype)
     precision = (jax.lax.Precision.HIGHEST if compute_dtype == jnp.float32
                  else jax.lax.Precision.DEFAULT)
@@ -200,15 +214,15 @@ def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool):
         mask_k=split_k * k_per_split != k, mask_n=n % block_n != 0,
         compute_dtype=compute_dtype, precision=precision)
     in_specs = [
-        pl.BlockSpec((block_m, k_per_split), lambda i, s, r: (r, s)),
-        pl.BlockSpec((k_per_split, block_n), lambda i, s, r: (s, i)),
+        pl.BlockSpec((block_m, k_per_split), lambda r, i, s: (r, s)),
+        pl.BlockSpec((k_per_split, block_n), lambda r, i, s: (s, i)),
     ]
     if split_k == 1:
         out_shape = jax.ShapeDtypeStruct((m, n), x.dtype)
-        out_spec = pl.BlockSpec((block_m, block_n), lambda i, s, r: (r, i))
+        out_spec = pl.BlockSpec((block_m, block_n), lambda r, i, s: (r, i))
     else:
         out_shape = jax.ShapeDtypeStruct((split_k, m, n), jnp.float32)
-        out_spec = pl.BlockSpec((None, block_m, block_n), lambda i, s, r: (s, r, i))
+        out_spec = pl.BlockSpec((None, block_m, block_n), lambda r, i, s: (s, r, i))
     out = pl.pallas_call(
         kernel,
         out_shape=out_shape,

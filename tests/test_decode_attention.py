@@ -8,6 +8,7 @@ output buffers with NaN before the call, so an element the kernel forgets to wri
 from __future__ import annotations
 
 import functools
+import importlib
 import zlib
 
 import jax
@@ -217,7 +218,25 @@ def test_auto_rule_on_gpu():
     # Gemma 4: head_dim 256 / 512 drafting and verifying, up to 4 M blocks of 16 rows at head_dim 512
     assert use_pallas(1, 1, 32, 4, 32768, 512, bf) and use_pallas(8, 5, 32, 4, 4096, 512, bf)
     assert use_pallas(8, 9, 8, 2, 32768, 512, bf) and use_pallas(32, 9, 32, 16, 32768, 256, bf)
-    assert not use_pallas(8, 9, 32, 4, 32768, 512, bf)  # 31B, 9 rows x GQA 8 = 5 M blocks: the reference
+    assert not use_pallas(8, 9, 32, 4, 32768, 512, bf)  # 31B, 9 rows x GQA 8 = 5 M blocks: not Triton ...
+
+
+def test_auto_gives_past_64_wide_rows_to_the_wide_kernel_not_the_reference(monkeypatch):
+    """... but the wide-head kernel's 64-row M tiles (31B verifying 8 drafts: 72 rows), unless a
+    window or a tree mask keeps them on the reference."""
+    da = importlib.import_module("pallas_kernels.decode_attention")  # the package re-exports the function
+    monkeypatch.setattr(da, "on_gpu", lambda: True)
+    taken = []
+    monkeypatch.setattr(da, "decode_attention_wide", lambda *a, **kw: taken.append("wide"))
+    monkeypatch.setattr(da, "decode_attention_reference", lambda *a, **kw: taken.append("reference"))
+    batch, num_q, max_len = 1, 9, 4096
+    q = jax.ShapeDtypeStruct((batch, num_q, 32, 512), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((batch, 4, max_len, 512), jnp.bfloat16)
+    lengths = jax.ShapeDtypeStruct((batch,), jnp.int32)
+    positions = jax.ShapeDtypeStruct((batch, num_q), jnp.int32)
+    da.decode_attention(q, kv, kv, lengths, q_positions=positions)
+    da.decode_attention(q, kv, kv, lengths, q_positions=positions, window=1024)
+    assert taken == ["wide", "reference"]
 
 
 def test_one_row_tiling_keeps_the_cache_streaming():

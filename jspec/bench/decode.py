@@ -30,7 +30,7 @@ from jspec.tree import DraftTree
 
 NOTES = ("ms_per_token: generate's on-device while loop, (T(n) - T(1)) / (n - 1) of medians; gpu_busy_ms_per_token: "
          "the same difference over the kernels' GPU time (profiler, one call each); verify: one jitted forward of "
-         "--verify-rows rows (all logits)")
+         "--verify-rows rows (all logits); collective_ms_per_token: the NCCL kernels among them (--tp); verify_gpu_ms / verify_collective_ms: all kernels / the NCCL ones of one verify forward (profiler)")
 
 
 _start_decoding = jax.jit(engine.start_decoding,
@@ -52,18 +52,23 @@ def verify_pass(capture, impl):
                                                                   tree_mask=tree_mask)[0])
 
 
-def measure_verify(model, batch, context, *, rows, impl, repeats, topk=None) -> Timing:
-    """One verify forward of ``rows`` rows per sequence after ``context`` cached rows; with
-    ``topk``, of a tree: the complete ``topk``-ary tree of ``rows`` nodes in heap order (the
-    time depends on the rows and the masked attention, not on the tree's shape)."""
+def verify_call(model, batch, context, *, rows, impl, topk=None):
+    """A thunk running one verify forward of ``rows`` rows per sequence after ``context`` cached
+    rows; with ``topk``, of a tree: the complete ``topk``-ary tree of ``rows`` nodes in heap order
+    (the time depends on the rows and the masked attention, not on the tree's shape)."""
     state = decode_state(model, batch, context, engine.cache_length(context, context + rows), impl)
     tokens = jnp.zeros((batch, rows), jnp.int32)
     verify = verify_pass(NO_CAPTURE, impl)
     if topk is None:
-        return time_fn(lambda: verify(model, tokens, state.kv), repeats=repeats)
+        return lambda: verify(model, tokens, state.kv)
     parents = jnp.asarray([-1] + [(i - 1) // topk for i in range(1, rows)], jnp.int32)
     tree = DraftTree.from_parents(tokens, jnp.broadcast_to(parents, (batch, rows)))
-    return time_fn(lambda: verify(model, tokens, state.kv, tree.mask), repeats=repeats)
+    return lambda: verify(model, tokens, state.kv, tree.mask)
+
+
+def measure_verify(model, batch, context, *, rows, impl, repeats, topk=None) -> Timing:
+    """Wall time of :func:`verify_call`'s forward, ``repeats`` samples."""
+    return time_fn(verify_call(model, batch, context, rows=rows, impl=impl, topk=topk), repeats=repeats)
 
 
 def plain_loop(model, batch, context, new_tokens, impl, seed=0):
@@ -83,6 +88,11 @@ def plain_loop(model, batch, context, new_tokens, impl, seed=0):
     return run, width
 
 
+def is_collective(kernel_name: str) -> bool:
+    """A communication kernel (NCCL's all-reduce of the row-split projections under ``--tp``)."""
+    return "nccl" in kernel_name.lower()
+
+
 def measure_decode_loop(model, batch, context, *, steps, impl, repeats):
     """Seconds per token, the 1- and ``steps``-token timings, and the GPU busy time per token."""
     run, _ = plain_loop(model, batch, context, steps, impl)
@@ -96,8 +106,11 @@ def measure_decode_loop(model, batch, context, *, steps, impl, repeats):
     gpu = None
     if kernels_long:
         busy_short, busy_long = sum(t for _, t in kernels_short), sum(t for _, t in kernels_long)
+        collective_short, collective_long = (sum(t for name, t in ks if is_collective(name))
+                                             for ks in (kernels_short, kernels_long))
         gpu = dict(busy_s_per_token=(busy_long - busy_short) / (steps - 1),
                    kernels_per_token=(len(kernels_long) - len(kernels_short)) / (steps - 1),
+                   collective_s_per_token=(collective_long - collective_short) / (steps - 1),
                    timings={"gpu_1_token": Timing.of([busy_short]).as_dict(),
                             f"gpu_{steps}_tokens": Timing.of([busy_long]).as_dict()})
     return per_token, short, long, gpu
@@ -142,15 +155,23 @@ def _row(model, preset, weights, bw, batch, context, impl, args):
                f"roofline {roofline_s * 1e3:.3f} ms ({roofline_s / per_token:.1%})")
     if gpu:
         row.update(gpu_busy_ms_per_token=gpu["busy_s_per_token"] * 1e3, kernels_per_token=gpu["kernels_per_token"],
-                   gpu_busy_roofline_fraction=roofline_s / gpu["busy_s_per_token"])
+                   gpu_busy_roofline_fraction=roofline_s / gpu["busy_s_per_token"],
+                   collective_ms_per_token=gpu["collective_s_per_token"] * 1e3)
         row["timings"].update(gpu["timings"])
         message += (f"; GPU busy {gpu['busy_s_per_token'] * 1e3:.3f} ms/token ({gpu['kernels_per_token']:.0f} kernels, "
-                    f"{roofline_s / gpu['busy_s_per_token']:.1%} of roofline)")
+                    f"{roofline_s / gpu['busy_s_per_token']:.1%} of roofline)"
+                    + (f", collectives {gpu['collective_s_per_token'] * 1e3:.3f} ms" if args.tp > 1 else ""))
     if args.verify_rows:
-        verify = measure_verify(model, batch, context, rows=args.verify_rows, impl=impl, repeats=args.repeats)
-        verify_roofline_s = (weights + kv_bytes_per_step(model, batch, context)) / bw["bytes_per_s"]
+        call = verify_call(model, batch, context, rows=args.verify_rows, impl=impl)
+        verify = time_fn(call, repeats=args.repeats)
+        verify_roofline_s = (weights + kv_bytes_per_step(model, batch, context)) / (bw["bytes_per_s"] * args.tp)
         row.update(verify_rows=args.verify_rows, verify_ms=verify.median_s * 1e3,
                    verify_roofline_fraction=verify_roofline_s / verify.median_s)
+        # One forward outside the while loop: the profiler sees each of its kernels.
+        kernels = gpu_kernel_times(call, warmup=0)
+        if kernels:
+            row.update(verify_gpu_ms=sum(t for _, t in kernels) * 1e3, verify_kernels=len(kernels),
+                       verify_collective_ms=sum(t for name, t in kernels if is_collective(name)) * 1e3)
         row["timings"]["verify"] = verify.as_dict()
         message += f"; verify {args.verify_rows} rows {verify.median_s * 1e3:.3f} ms " \
                    f"({verify_roofline_s / verify.median_s:.1%})"
