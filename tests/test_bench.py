@@ -4,6 +4,7 @@ counts, and the benchmark-only catch-up variants against the library's."""
 
 from __future__ import annotations
 
+import os
 import json
 import subprocess
 import sys
@@ -280,3 +281,17 @@ def test_accept_summary_compares_jspec_with_the_hf_peer_per_experiment_and_k():
     assert row["all_identical_to_plain"] and not row["all_equal_to_hf"]
     assert row["tokens_per_s"] == 10.0 and row["prompts"] == 2
     assert len(accept.prompt_set()) >= 8  # the committed prompt set
+
+
+def test_tensor_parallel_runs_let_jax_take_most_of_each_gpu(monkeypatch):
+    """A 70B-shaped target's share on two 80 GB GPUs exceeds JAX's default 75% preallocation."""
+    from jspec.bench import cli
+
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    cli.prepare_environment(cli.parser().parse_args(["decode", "--out", "d.json", "--tp", "1"]))
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ
+    cli.prepare_environment(cli.parser().parse_args(["decode", "--out", "d.json", "--tp", "2"]))
+    assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == cli.TENSOR_PARALLEL_MEMORY_FRACTION
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")  # the user's choice wins
+    cli.prepare_environment(cli.parser().parse_args(["decode", "--out", "d.json", "--tp", "2"]))
+    assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"
