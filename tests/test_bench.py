@@ -4,8 +4,8 @@ counts, and the benchmark-only catch-up variants against the library's."""
 
 from __future__ import annotations
 
-import os
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
