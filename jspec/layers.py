@@ -8,7 +8,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jspec.parallel import TensorParallel
+from jspec.parallel import TensorParallel, split_columns
 from pallas_kernels import skinny_matmul
 from pallas_kernels._dispatch import check_impl
 from pallas_kernels.gather_rows import FP32_SCALE, gather_rows_pallas, rms_norm as _rms_norm
@@ -56,7 +56,8 @@ def linear(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, *, impl: s
 def gated_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, activation, *, impl: str = "auto",
               parallel: TensorParallel | None = None) -> jax.Array:
     """``down(activation(gate(x)) * up(x))`` with gate and up fused into one ``[hidden, 2 * inter]`` matrix."""
-    gate, up = jnp.split(linear(x, gate_up, impl=impl, parallel=parallel, split="column"), 2, axis=-1)
+    inter = gate_up.shape[-1] // 2
+    gate, up = split_columns(linear(x, gate_up, impl=impl, parallel=parallel, split="column"), (inter, inter), parallel)
     return linear(activation(gate) * up, down, impl=impl, parallel=parallel, split="row")
 
 

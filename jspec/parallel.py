@@ -3,7 +3,10 @@ live, and the ``shard_map`` wrappers that run attention and the projections per 
 Pallas kernels are custom calls XLA cannot partition.
 
 Megatron-style: column-split projections (``qkv``, ``gate_up``, the LM head) read the whole input
-and write their own output columns; row-split ones (``o``, ``down``) read their share of the input
+and write their own output columns. A fused weight (``q | k | v``, ``gate | up``) is stored
+device-major on a placed model: device ``d``'s column block is ``q_d | k_d | v_d``, its own heads'
+share of every part, so the parts split on each device without moving columns between devices
+(:meth:`TensorParallel.interleave_columns`, :meth:`TensorParallel.split_columns`); row-split ones (``o``, ``down``) read their share of the input
 columns and all-reduce their partial products; attention runs on each device's KV heads and
 their query heads. Anything whose split axis does not divide over the mesh runs unsplit (on
 replicated operands), as ``jspec.sharding`` then replicates the weight too.
@@ -12,8 +15,11 @@ replicated operands), as ``jspec.sharding`` then replicates the weight too.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 
@@ -34,6 +40,34 @@ class TensorParallel:
 
     def place_cache(self, buffer: jax.Array) -> jax.Array:
         return jax.lax.with_sharding_constraint(buffer, NamedSharding(self.mesh, self.cache_spec(buffer.shape[1])))
+
+    def interleaves(self, parts: tuple[int, ...]) -> bool:
+        """Whether a fused weight of column ``parts`` (e.g. ``(q_size, kv_size, kv_size)``) is stored
+        device-major: where every part divides over the devices."""
+        return len(parts) > 1 and all(part % self.size == 0 for part in parts)
+
+    def split_columns(self, y: jax.Array, parts: tuple[int, ...]) -> list[jax.Array]:
+        """The parts of ``y [..., sum(parts)]``, the output (or the weight) of a fused projection
+        stored device-major where :meth:`interleaves`: each part comes out split over the devices
+        as a column-split weight of its own would be, and no column crosses a device."""
+        if not self.interleaves(parts):
+            return jnp.split(y, np.cumsum(parts)[:-1].tolist(), axis=-1)
+        lead = y.shape[:-1]
+        per_device = y.reshape(*lead, self.size, -1)
+        shares = np.cumsum([part // self.size for part in parts])[:-1].tolist()
+        return [share.reshape(*lead, -1) for share in jnp.split(per_device, shares, axis=-1)]
+
+    def interleave_columns(self, w: jax.Array, parts: tuple[int, ...]) -> jax.Array:
+        """``w [..., sum(parts)]`` with its parts side by side -> device-major (inverse:
+        :meth:`deinterleave_columns`)."""
+        if not self.interleaves(parts):
+            return w
+        lead = w.shape[:-1]
+        pieces = jnp.split(w, np.cumsum(parts)[:-1].tolist(), axis=-1)
+        return jnp.concatenate([piece.reshape(*lead, self.size, -1) for piece in pieces], axis=-1).reshape(w.shape)
+
+    def deinterleave_columns(self, w: jax.Array, parts: tuple[int, ...]) -> jax.Array:
+        return jnp.concatenate(self.split_columns(w, parts), axis=-1)
 
     def _last_axis(self, ndim: int) -> PartitionSpec:
         return PartitionSpec(*([None] * (ndim - 1)), self.axis)
@@ -64,3 +98,30 @@ class TensorParallel:
 
         return jax.shard_map(partial_product, mesh=self.mesh, out_specs=PartitionSpec(), check_vma=False,
                              in_specs=(self._last_axis(x.ndim), PartitionSpec(self.axis)))(x, w)
+
+
+def split_columns(y: jax.Array, parts: tuple[int, ...], parallel: TensorParallel | None) -> list[jax.Array]:
+    """The parts of a fused projection's output ``y [..., sum(parts)]``, on a placed model's
+    (``parallel``) device-major layout or the plain one."""
+    if parallel is None:
+        return jnp.split(y, np.cumsum(parts)[:-1].tolist(), axis=-1)
+    return parallel.split_columns(y, parts)
+
+
+def map_fused(model, convert: Callable[[jax.Array, tuple[int, ...]], jax.Array]):
+    """``model`` with every fused weight of every layer passed through ``convert(weight, parts)``;
+    ``model.fused_columns(index)`` names them and their column parts."""
+    layers = tuple(
+        dataclasses.replace(layer, **{name: convert(getattr(layer, name), parts)
+                                      for name, parts in model.fused_columns(index).items()
+                                      if getattr(layer, name) is not None})
+        for index, layer in enumerate(model.layers))
+    return dataclasses.replace(model, layers=layers)
+
+
+def plain_order(model):
+    """A placed model (``jspec.shard``) with its fused weights back in their plain column order and
+    no ``tensor_parallel``: what a checkpoint stores; an unplaced model as it is."""
+    if model.tensor_parallel is None:
+        return model
+    return dataclasses.replace(map_fused(model, model.tensor_parallel.deinterleave_columns), tensor_parallel=None)

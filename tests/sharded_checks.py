@@ -3,8 +3,12 @@ subprocess with forced host devices: ``python -m tests.sharded_checks NAME`` (ex
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import re
 import sys
+import tempfile
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 import jspec
 from jspec.drafters import MTP, DraftModel, Eagle3, FrozenKVMTP, NGram, assistant_config, init_assistant, init_mtp_head
 from jspec.models.gemma4 import FULL, SLIDING
+from jspec.parallel import plain_order
 from tests.tiny import TINY, TINY_GEMMA4, eagle3_head
 
 DEVICES = 4
@@ -86,6 +91,36 @@ def check_kernels_run_per_device():
     assert jspec.generate(sharded, prompts, 6, impl="pallas") == jspec.generate(target, prompts, 6, impl="pallas")
 
 
+def _collectives(model, tokens) -> collections.Counter:
+    compiled = jax.jit(jspec.forward).lower(model, tokens, model.init_cache(1, 32)).compile().as_text()
+    return collections.Counter(re.findall(
+        r"= \S+ (all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter)(?:-start)?\(", compiled))
+
+
+def check_device_major_layout():
+    """Fused weights are stored device-major, so a placed Llama-family forward moves no column
+    between devices: its only collectives are two all-reduces per layer and the embedding's. A
+    placed model saves in the plain order, and placing it again starts from that order."""
+    target = _target(dataclasses.replace(CONFIG, qkv_bias=True))
+    sharded = jspec.shard(target, jspec.tensor_parallel_mesh())
+    tokens = jnp.array([[3, 1, 4, 1, 5]])
+    assert _collectives(sharded, tokens) == {"all-reduce": 2 * CONFIG.num_layers + 1}
+    q, k, v = np.split(np.asarray(target.layers[0].qkv), [CONFIG.q_size, CONFIG.q_size + CONFIG.kv_size], axis=-1)
+    first_device = np.asarray(sharded.layers[0].qkv.addressable_shards[0].data)
+    np.testing.assert_array_equal(first_device, np.concatenate(
+        [part[:, : part.shape[1] // DEVICES] for part in (q, k, v)], axis=-1))  # its heads' q, k and v
+    for a, b in zip(jax.tree.leaves(plain_order(sharded)), jax.tree.leaves(target), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    again = jspec.shard(sharded, jspec.tensor_parallel_mesh(jax.devices()[:2]))
+    for a, b in zip(jax.tree.leaves(plain_order(again)), jax.tree.leaves(target), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with tempfile.TemporaryDirectory() as tmp:
+        jspec.save(sharded, Path(tmp) / "placed")
+        loaded = jspec.restore(Path(tmp) / "placed")
+    for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(target), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def _check_drafters(drafters, target=None, **kw):
     target = _target() if target is None else target
     mesh = jspec.tensor_parallel_mesh()
@@ -124,8 +159,6 @@ def check_gemma4_and_its_assistant():
 def check_sharded_init_and_benchmarks():
     """A preset made already placed equals the one made on one device; the benchmarks' --tp runs."""
     import json
-    import tempfile
-    from pathlib import Path
 
     from jspec.bench import cli
     from jspec.sharding import init_sharded
@@ -134,7 +167,7 @@ def check_sharded_init_and_benchmarks():
     placed = init_sharded(CONFIG, jax.random.key(0), jnp.float32, mesh)
     assert _spec(placed.layers[1].gate_up) == P(None, "tp") and placed.tensor_parallel is not None
     on_one_device = jax.jit(jspec.init_params, static_argnums=(0, 2))(CONFIG, jax.random.key(0), jnp.float32)
-    for a, b in zip(jax.tree.leaves(placed), jax.tree.leaves(on_one_device), strict=True):
+    for a, b in zip(jax.tree.leaves(plain_order(placed)), jax.tree.leaves(on_one_device), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     with tempfile.TemporaryDirectory() as tmp:
         for command in (["spec", "--target", "tiny", "--drafter", "eagle3"], ["decode", "--targets", "tiny"]):

@@ -21,7 +21,7 @@ FORCED_DEVICES = "--xla_force_host_platform_device_count=4"
 
 @pytest.mark.parametrize("check", ["placements", "plain_decoding", "draft_model_and_ngram", "hidden_state_heads",
                                    "gemma4_and_its_assistant", "sharded_init_and_benchmarks",
-                                   "kernels_run_per_device"])
+                                   "kernels_run_per_device", "device_major_layout"])
 def test_on_four_devices(check):
     env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {FORCED_DEVICES}".strip(),
                JAX_PLATFORMS="cpu")

@@ -17,6 +17,7 @@ import numpy as np
 
 from jspec.io.safetensors import read_json
 from jspec.models import AnyConfig, AnyModel, gemma4, init_params, llama
+from jspec.parallel import plain_order
 
 _CONFIG_FILE = "jspec_config.json"
 _PARAMS_DIR = "params"
@@ -50,6 +51,7 @@ def save(model: AnyModel, path, *, overwrite: bool = False) -> None:
     path = Path(path).absolute()
     if path.exists() and any(path.iterdir()) and not overwrite:
         raise FileExistsError(f"{path} exists and is not empty (pass overwrite=True to replace it)")
+    model = plain_order(model)  # a placed model's fused weights are stored device-major
     with atomic_directory(path) as staging:
         meta = {"config": config_to_dict(model.config), "dtype": np.dtype(model.dtype).name}
         (staging / _CONFIG_FILE).write_text(json.dumps(meta, indent=2))

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.kv import KVCache, write_rows
-from jspec.parallel import TensorParallel
+from jspec.parallel import TensorParallel, split_columns
 from jspec.layers import gated_mlp, linear
 from jspec.layers import rms_norm_fp32_scale as rms_norm
 from jspec.models.base import NO_CAPTURE, Capture, lm_head, token_positions, random_matrix, random_norm_weight
@@ -87,12 +87,26 @@ class Model:
     def dtype(self):
         return self.embed.dtype
 
+    def fused_columns(self, index: int) -> dict[str, tuple[int, ...]]:
+        """The fused weights of layer ``index`` and their column parts (``jspec.parallel``)."""
+        return {"qkv": qkv_parts(self.config, index), "gate_up": (self.config.mlp_size(index),) * 2}
+
     def init_cache(self, batch: int, max_len: int) -> KVCache:
         """Buffers for the layers that own K/V, each in its layer type's shape."""
         c = self.config
         geometry = [c.attention_shape(i) for i in range(c.first_kv_shared_layer)]
         shapes = [(batch, kv_heads, max_len, head_dim) for kv_heads, head_dim in geometry]
         return KVCache.of_shapes(shapes, self.dtype, placement=self.tensor_parallel)
+
+
+def qkv_parts(c: Gemma4Config, index: int) -> tuple[int, ...]:
+    """The column parts of layer ``index``'s fused projection: ``q``, then ``k`` on a layer that
+    owns its K/V, then ``v`` unless ``attention_k_eq_v`` reuses k."""
+    kv_heads, head_dim = c.attention_shape(index)
+    q_size, kv_size = c.num_heads * head_dim, kv_heads * head_dim
+    if c.kv_source(index) != index:
+        return (q_size,)
+    return (q_size, kv_size, kv_size) if c.has_v_proj(index) else (q_size, kv_size)
 
 
 def _scale_in_dtype(value: float, dtype) -> jax.Array:
@@ -134,12 +148,13 @@ def attention(
     kv_heads, head_dim = c.attention_shape(index)
     q_size, kv_size = c.num_heads * head_dim, kv_heads * head_dim
     proj = linear(h, layer.qkv, impl=impl, parallel=parallel, split="column")
-    q = proj[..., :q_size].reshape(batch, num_rows, c.num_heads, head_dim)
+    q, *kv = split_columns(proj, qkv_parts(c, index), parallel)
+    q = q.reshape(batch, num_rows, c.num_heads, head_dim)
     q = rms_norm(q, layer.q_norm, c.rms_norm_eps, impl=impl)
     q = apply_rope(q, cos, sin)
-    if c.kv_source(index) == index:
-        k = proj[..., q_size : q_size + kv_size].reshape(batch, num_rows, kv_heads, head_dim)
-        v = proj[..., q_size + kv_size :].reshape(k.shape) if c.has_v_proj(index) else k  # k_eq_v: the raw k
+    if kv:
+        k = kv[0].reshape(batch, num_rows, kv_heads, head_dim)
+        v = kv[1].reshape(k.shape) if len(kv) > 1 else k  # k_eq_v: the raw k
         k = apply_rope(rms_norm(k, layer.k_norm, c.rms_norm_eps, impl=impl), cos, sin)
         v = rms_norm(v, None, c.rms_norm_eps, impl=impl)
         k_buf = write_rows(k_buf, k.transpose(0, 2, 1, 3), kv_lengths - num_rows)

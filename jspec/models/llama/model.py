@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec.kv import KVCache, write_rows
-from jspec.parallel import TensorParallel
+from jspec.parallel import TensorParallel, split_columns
 from jspec.layers import linear, rms_norm, silu_mlp
 from jspec.models.base import NO_CAPTURE, Capture, lm_head, token_positions, random_matrix, random_norm_weight
 from jspec.models.llama.config import LlamaConfig
@@ -54,10 +54,20 @@ class Model:
     def dtype(self):
         return self.embed.dtype
 
+    def fused_columns(self, index: int) -> dict[str, tuple[int, ...]]:
+        """The fused weights of layer ``index`` and their column parts (``jspec.parallel``)."""
+        c = self.config
+        return {"qkv": qkv_parts(c), "qkv_bias": qkv_parts(c), "gate_up": (c.intermediate_size,) * 2}
+
     def init_cache(self, batch: int, max_len: int) -> KVCache:
         c = self.config
         return KVCache.zeros(c.num_layers, batch, c.num_kv_heads, max_len, c.head_dim, self.dtype,
                              placement=self.tensor_parallel)
+
+
+def qkv_parts(c: LlamaConfig) -> tuple[int, int, int]:
+    """The column parts of the fused ``q | k | v`` projection."""
+    return c.q_size, c.kv_size, c.kv_size
 
 
 def attention(
@@ -76,7 +86,7 @@ def attention(
     if keep_rows is not None and tree_mask is not None:
         raise ValueError("keep_rows and tree_mask together are not supported")
     qkv = linear(h, layer.qkv, layer.qkv_bias, impl=impl, parallel=parallel, split="column")
-    q, k, v = jnp.split(qkv, [c.q_size, c.q_size + c.kv_size], axis=-1)
+    q, k, v = split_columns(qkv, qkv_parts(c), parallel)
     q = q.reshape(batch, num_rows, c.num_heads, c.head_dim)
     k = k.reshape(batch, num_rows, c.num_kv_heads, c.head_dim)
     v = v.reshape(batch, num_rows, c.num_kv_heads, c.head_dim)
