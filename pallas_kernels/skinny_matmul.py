@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -58,7 +59,10 @@ def skinny_matmul_reference(x, w):
 @dataclasses.dataclass(frozen=True)
 class SkinnyConfig:
     """Tiling of the Pallas kernel (all sizes static). ``block_m``: rows per M tile, a grid axis
-    over any number of rows (None: all rows in one tile of 16..64, padded to a power of two)."""
+    over any number of rows (None: all rows in one tile of 16..64, padded to a power of two).
+    ``ordered_splits``: add the split-K partials one after another in split order (each output
+    element the same chain of adds whatever the shape) instead of XLA's reduction, whose order
+    may follow the shape."""
 
     block_n: int = 64
     block_k: int = 256
@@ -66,6 +70,7 @@ class SkinnyConfig:
     num_warps: int = 4
     num_stages: int = 4
     block_m: int | None = None
+    ordered_splits: bool = False
 
 
 # Tilings from the sweeps of the Llama-3.2-1B / 3.1-8B projection shapes as the model fuses them
@@ -112,24 +117,12 @@ def default_config(m: int, k: int, n: int, itemsize: int = 2) -> SkinnyConfig:
 
 
 def invariant_config(k: int, n: int, itemsize: int = 2) -> SkinnyConfig:
-    """A tiling that depends on the weight's shape only, never on the rows: 16-row M tiles, no
-    split-K, one fixed K step. Each row's result is then the same sum in the same order whether it
-    is computed alone, among verify rows, in a batch or in a prefill (``impl="invariant"``).
-
-    The swept one-row tiling where it has no split-K (every Llama-3.1-8B projection), else
-    ``block_n`` narrowed until the column tiles alone fill the SMs: without split-K they are all
-    the parallelism a one-row product has."""
-    swept = _TUNED.get((k, n), {}).get(1) if itemsize == 2 else None
-    if swept is not None and swept[0][2] == 1:
-        block_n, block_k, _, num_warps, num_stages = swept[0]
-    else:
-        block_n = min(128, _pow2_at_least(n, 16))
-        block_k = min(128 if itemsize <= 2 else 64, _pow2_at_least(k, 16))
-        while block_n > 16 and pl.cdiv(n, block_n) < 1.5 * _NUM_SMS:
-            block_n //= 2
-        num_warps, num_stages = 4, 4
-    return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=1, num_warps=num_warps,
-                        num_stages=num_stages, block_m=16)
+    """A tiling that depends on the weight's shape only, never on the rows: the one-row tiling
+    (:func:`default_config` at M = 1) in 16-row M tiles, its split-K partials added in split
+    order. Each row's result is then the same sum in the same order whether it is computed alone,
+    among verify rows, in a batch or in a prefill (``impl="invariant"``), and a decode step runs
+    the tiling ``auto`` runs."""
+    return dataclasses.replace(default_config(1, k, n, itemsize), block_m=16, ordered_splits=True)
 
 
 def _pow2_at_least(v: int, lo: int) -> int:
@@ -235,7 +228,7 @@ def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool):
         name="skinny_matmul",
     )(x, w)
     if split_k > 1:
-        out = out.sum(axis=0).astype(x.dtype)
+        out = (functools.reduce(operator.add, list(out)) if cfg.ordered_splits else out.sum(axis=0)).astype(x.dtype)
     return out
 
 

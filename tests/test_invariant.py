@@ -36,8 +36,10 @@ def target():
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-@pytest.mark.parametrize("k, n", [(200, 150), (64, 97)])
+@pytest.mark.parametrize("k, n", [(200, 150), (64, 97), (1024, 64)])
 def test_matmul_rows_do_not_depend_on_the_rows_beside_them(dtype, k, n):
+    """Also with split-K (1024 x 64: the one-row tiling splits K in 4 (bf16) / 8 (fp32))."""
+    assert (invariant_config(k, n, jnp.dtype(dtype).itemsize).split_k > 1) == (k == 1024)
     x = jax.random.normal(jax.random.key(0), (37, k), dtype)
     w = jax.random.normal(jax.random.key(1), (k, n), dtype)
     every_row = np.asarray(skinny_matmul(x, w, impl=INVARIANT))
