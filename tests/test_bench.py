@@ -295,3 +295,16 @@ def test_tensor_parallel_runs_let_jax_take_most_of_each_gpu(monkeypatch):
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")  # the user's choice wins
     cli.prepare_environment(cli.parser().parse_args(["decode", "--out", "d.json", "--tp", "2"]))
     assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"
+
+
+def test_a_kernel_profile_groups_kernels_by_name_and_counts_nccl_apart(monkeypatch):
+    from jspec.bench import decode
+
+    kernels = [("gemv", 1e-3), ("attention", 2.5e-3), ("gemv", 1e-3), ("ncclAllReduce_sum", 5e-4), ("gemv", 1e-3)]
+    monkeypatch.setattr(decode, "gpu_kernel_times", lambda call, warmup: kernels)
+    profile = decode.kernel_profile(lambda: None, top=2)
+    assert profile["kernels"] == 5 and profile["gpu_ms"] == pytest.approx(6.0)
+    assert profile["collective_ms"] == pytest.approx(0.5)
+    assert [(k["name"], k["count"]) for k in profile["top_kernels"]] == [("gemv", 3), ("attention", 1)]
+    monkeypatch.setattr(decode, "gpu_kernel_times", lambda call, warmup: [])  # off a GPU
+    assert decode.kernel_profile(lambda: None) is None

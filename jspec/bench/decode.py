@@ -2,8 +2,10 @@
 
 ms/token = (T(n) - T(1)) / (n - 1) of ``generate``'s on-device while loop (medians, so the
 prefill cancels out); the roofline is (weights + KV bytes one step reads) / the copy bandwidth
-measured in the same run. On a GPU each row also has the kernels' own GPU time per token
-(profiler), and with ``--verify-rows`` one verify forward of that many rows. Targets are presets
+measured in the same run. On a GPU each row also has the kernels of one decode step (one
+dispatched forward of a row; the profiler: GPU time, count, NCCL time, the top kernels by time),
+and with ``--verify-rows`` the wall time and the same profile of one verify forward of that many
+rows, side by side. Targets are presets
 (random weights made on the device) or checkpoint directories. Writes ``--out`` (JSON) and a
 PNG beside it.
 
@@ -28,9 +30,10 @@ from jspec.models import forward
 from jspec.models.base import NO_CAPTURE
 from jspec.tree import DraftTree
 
-NOTES = ("ms_per_token: generate's on-device while loop, (T(n) - T(1)) / (n - 1) of medians; gpu_busy_ms_per_token: "
-         "the same difference over the kernels' GPU time (profiler, one call each); verify: one jitted forward of "
-         "--verify-rows rows (all logits); collective_ms_per_token: the NCCL kernels among them (--tp); verify_gpu_ms / verify_collective_ms: all kernels / the NCCL ones of one verify forward (profiler)")
+NOTES = ("ms_per_token: generate's on-device while loop, (T(n) - T(1)) / (n - 1) of medians; step_profile / "
+         "verify_profile: the GPU kernels of one dispatched forward of 1 / --verify-rows rows (profiler: total ms, "
+         "count, NCCL ms under --tp, the top kernels by time), since the profiler does not see the kernels inside the "
+         "while loop; verify_ms: wall time of that verify forward (all logits)")
 
 
 _start_decoding = jax.jit(engine.start_decoding,
@@ -93,27 +96,28 @@ def is_collective(kernel_name: str) -> bool:
     return "nccl" in kernel_name.lower()
 
 
+def kernel_profile(call, *, top: int = 12) -> dict | None:
+    """The GPU kernels of one dispatched ``call()`` (profiler; None off a GPU): total time, count,
+    NCCL time, and the ``top`` kernel names by time with their counts. Profiled outside the
+    on-device loop because the profiler does not see the kernels inside a while loop (jax 0.11.2:
+    6-10 of ~350 per Llama step, with or without command buffers)."""
+    kernels = gpu_kernel_times(call, warmup=0)
+    if not kernels:
+        return None
+    by_name: dict[str, list[float]] = {}
+    for name, seconds in kernels:
+        by_name.setdefault(name, []).append(seconds)
+    ranked = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:top]
+    return dict(gpu_ms=sum(t for _, t in kernels) * 1e3, kernels=len(kernels),
+                collective_ms=sum(t for name, t in kernels if is_collective(name)) * 1e3,
+                top_kernels=[dict(name=name, count=len(times), ms=sum(times) * 1e3) for name, times in ranked])
+
+
 def measure_decode_loop(model, batch, context, *, steps, impl, repeats):
-    """Seconds per token, the 1- and ``steps``-token timings, and the GPU busy time per token."""
+    """Seconds per token of the on-device loop, and its 1- and ``steps``-token timings."""
     run, _ = plain_loop(model, batch, context, steps, impl)
     short, long = time_fn(lambda: run(1), repeats=repeats), time_fn(lambda: run(steps), repeats=repeats)
-    per_token = (long.median_s - short.median_s) / (steps - 1)
-    # The same difference over the GPU time of the kernels alone (profiler): what the wall time
-    # adds on top of it is the time the GPU sat idle between kernels (launches, loop control).
-    # (both programs are compiled and warm from the wall timing above)
-    kernels_short = gpu_kernel_times(lambda: run(1), warmup=0)
-    kernels_long = gpu_kernel_times(lambda: run(steps), warmup=0)
-    gpu = None
-    if kernels_long:
-        busy_short, busy_long = sum(t for _, t in kernels_short), sum(t for _, t in kernels_long)
-        collective_short, collective_long = (sum(t for name, t in ks if is_collective(name))
-                                             for ks in (kernels_short, kernels_long))
-        gpu = dict(busy_s_per_token=(busy_long - busy_short) / (steps - 1),
-                   kernels_per_token=(len(kernels_long) - len(kernels_short)) / (steps - 1),
-                   collective_s_per_token=(collective_long - collective_short) / (steps - 1),
-                   timings={"gpu_1_token": Timing.of([busy_short]).as_dict(),
-                            f"gpu_{steps}_tokens": Timing.of([busy_long]).as_dict()})
-    return per_token, short, long, gpu
+    return (long.median_s - short.median_s) / (steps - 1), short, long
 
 
 def run(args):
@@ -139,7 +143,7 @@ def run(args):
 
 
 def _row(model, preset, weights, bw, batch, context, impl, args):
-    per_token, short, long, gpu = measure_decode_loop(
+    per_token, short, long = measure_decode_loop(
         model, batch, context, steps=args.steps, impl=impl, repeats=args.repeats
     )
     kv = kv_bytes_per_step(model, batch, context + args.steps // 2)
@@ -153,25 +157,21 @@ def _row(model, preset, weights, bw, batch, context, impl, args):
     )
     message = (f"{preset} b={batch} ctx={context} {impl}: {per_token * 1e3:.3f} ms/token, "
                f"roofline {roofline_s * 1e3:.3f} ms ({roofline_s / per_token:.1%})")
-    if gpu:
-        row.update(gpu_busy_ms_per_token=gpu["busy_s_per_token"] * 1e3, kernels_per_token=gpu["kernels_per_token"],
-                   gpu_busy_roofline_fraction=roofline_s / gpu["busy_s_per_token"],
-                   collective_ms_per_token=gpu["collective_s_per_token"] * 1e3)
-        row["timings"].update(gpu["timings"])
-        message += (f"; GPU busy {gpu['busy_s_per_token'] * 1e3:.3f} ms/token ({gpu['kernels_per_token']:.0f} kernels, "
-                    f"{roofline_s / gpu['busy_s_per_token']:.1%} of roofline)"
-                    + (f", collectives {gpu['collective_s_per_token'] * 1e3:.3f} ms" if args.tp > 1 else ""))
+    step = kernel_profile(verify_call(model, batch, context, rows=1, impl=impl))
+    if step:
+        row.update(step_profile=step, step_gpu_roofline_fraction=roofline_s * 1e3 / step["gpu_ms"])
+        message += (f"; one step's kernels {step['gpu_ms']:.3f} ms ({step['kernels']}, "
+                    f"{roofline_s * 1e3 / step['gpu_ms']:.1%} of roofline)"
+                    + (f", collectives {step['collective_ms']:.3f} ms" if args.tp > 1 else ""))
     if args.verify_rows:
         call = verify_call(model, batch, context, rows=args.verify_rows, impl=impl)
         verify = time_fn(call, repeats=args.repeats)
         verify_roofline_s = (weights + kv_bytes_per_step(model, batch, context)) / (bw["bytes_per_s"] * args.tp)
         row.update(verify_rows=args.verify_rows, verify_ms=verify.median_s * 1e3,
                    verify_roofline_fraction=verify_roofline_s / verify.median_s)
-        # One forward outside the while loop: the profiler sees each of its kernels.
-        kernels = gpu_kernel_times(call, warmup=0)
-        if kernels:
-            row.update(verify_gpu_ms=sum(t for _, t in kernels) * 1e3, verify_kernels=len(kernels),
-                       verify_collective_ms=sum(t for name, t in kernels if is_collective(name)) * 1e3)
+        verify_kernels = kernel_profile(call)
+        if verify_kernels:
+            row["verify_profile"] = verify_kernels
         row["timings"]["verify"] = verify.as_dict()
         message += f"; verify {args.verify_rows} rows {verify.median_s * 1e3:.3f} ms " \
                    f"({verify_roofline_s / verify.median_s:.1%})"

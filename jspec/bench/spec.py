@@ -2,8 +2,9 @@
 
 * ``round`` rows: one jitted round (propose k drafts, verify k+1 rows, accept, commit; state
   donated) for each ``--k``, against one plain decode step (medians of back-to-back calls);
-  for ``--stages-k`` also propose and verify timed alone as separate programs, and accept +
-  commit = round - propose - verify.
+  for ``--stages-k`` also propose and verify timed alone as separate programs, accept +
+  commit = round - propose - verify, and on a GPU the kernels of one round and of one decode
+  step side by side (``profiles``: ``jspec.bench.decode.kernel_profile``).
 * ``end_to_end`` rows: tokens/s of ``speculative_generate``'s on-device loop against plain
   decoding (``(n - 1) / (T(n) - T(1))``), at controlled acceptance: the real drafter proposes and
   the target verifies, but the round accepts a drawn number of drafts, each with probability
@@ -120,6 +121,14 @@ def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repea
             row.update(propose_ms=stages["propose"].median_s * 1e3, verify_ms=stages["verify"].median_s * 1e3)
             row["accept_commit_ms"] = row["round_ms"] - row["propose_ms"] - row["verify_ms"]
             row["timings"].update({name: t.as_dict() for name, t in stages.items()})
+            # The kernels of one round and one decode step side by side (profiler; None off a GPU).
+            # Both calls donate their state: the round takes the last one, the step a fresh one.
+            step_state = decode.decode_state(target, batch, context, capacity, impl)
+            profiles = dict(round=decode.kernel_profile(
+                                lambda key=key, state=state: compiled[key](target, drafter, state, max_new_tokens=limit)),
+                            decode_step=decode.kernel_profile(lambda: step(step_state)))
+            if profiles["round"]:
+                row["profiles"] = profiles
         rows.append(row)
         label = f"k={k}" if tree is None else f"tree topk={tree.topk} depth={tree.depth} nodes={k}"
         tqdm.write(f"b={batch} {label}: round {round_s * 1e3:.3f} ms = {round_s / decode_s:.2f}x decode step "
