@@ -3,13 +3,15 @@ live, and the ``shard_map`` wrappers that run attention and the projections per 
 Pallas kernels are custom calls XLA cannot partition.
 
 Megatron-style: column-split projections (``qkv``, ``gate_up``, the LM head) read the whole input
-and write their own output columns. A fused weight (``q | k | v``, ``gate | up``) is stored
-device-major on a placed model: device ``d``'s column block is ``q_d | k_d | v_d``, its own heads'
-share of every part, so the parts split on each device without moving columns between devices
-(:meth:`TensorParallel.interleave_columns`, :meth:`TensorParallel.split_columns`); row-split ones (``o``, ``down``) read their share of the input
+and write their own output columns; row-split ones (``o``, ``down``) read their share of the input
 columns and all-reduce their partial products; attention runs on each device's KV heads and
 their query heads. Anything whose split axis does not divide over the mesh runs unsplit (on
 replicated operands), as ``jspec.sharding`` then replicates the weight too.
+
+A fused weight (``q | k | v``, ``gate | up``) is stored device-major on a placed model: device
+``d``'s column block is ``q_d | k_d | v_d``, its own heads' share of every part, so the parts
+split on each device without moving columns between devices
+(:meth:`TensorParallel.interleave_columns`, :meth:`TensorParallel.split_columns`).
 """
 
 from __future__ import annotations
@@ -51,11 +53,11 @@ class TensorParallel:
         stored device-major where :meth:`interleaves`: each part comes out split over the devices
         as a column-split weight of its own would be, and no column crosses a device."""
         if not self.interleaves(parts):
-            return jnp.split(y, np.cumsum(parts)[:-1].tolist(), axis=-1)
+            return _split(y, parts)
         lead = y.shape[:-1]
         per_device = y.reshape(*lead, self.size, -1)
-        shares = np.cumsum([part // self.size for part in parts])[:-1].tolist()
-        return [share.reshape(*lead, -1) for share in jnp.split(per_device, shares, axis=-1)]
+        shares = _split(per_device, [part // self.size for part in parts])
+        return [share.reshape(*lead, -1) for share in shares]
 
     def interleave_columns(self, w: jax.Array, parts: tuple[int, ...]) -> jax.Array:
         """``w [..., sum(parts)]`` with its parts side by side -> device-major (inverse:
@@ -63,7 +65,7 @@ class TensorParallel:
         if not self.interleaves(parts):
             return w
         lead = w.shape[:-1]
-        pieces = jnp.split(w, np.cumsum(parts)[:-1].tolist(), axis=-1)
+        pieces = _split(w, parts)
         return jnp.concatenate([piece.reshape(*lead, self.size, -1) for piece in pieces], axis=-1).reshape(w.shape)
 
     def deinterleave_columns(self, w: jax.Array, parts: tuple[int, ...]) -> jax.Array:
@@ -103,9 +105,12 @@ class TensorParallel:
 def split_columns(y: jax.Array, parts: tuple[int, ...], parallel: TensorParallel | None) -> list[jax.Array]:
     """The parts of a fused projection's output ``y [..., sum(parts)]``, on a placed model's
     (``parallel``) device-major layout or the plain one."""
-    if parallel is None:
-        return jnp.split(y, np.cumsum(parts)[:-1].tolist(), axis=-1)
-    return parallel.split_columns(y, parts)
+    return _split(y, parts) if parallel is None else parallel.split_columns(y, parts)
+
+
+def _split(y: jax.Array, sizes) -> list[jax.Array]:
+    """``y`` cut along its last axis into consecutive pieces of ``sizes`` columns."""
+    return jnp.split(y, np.cumsum(sizes)[:-1].tolist(), axis=-1)
 
 
 def map_fused(model, convert: Callable[[jax.Array, tuple[int, ...]], jax.Array]):
