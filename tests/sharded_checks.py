@@ -105,6 +105,9 @@ def check_device_major_layout():
     sharded = jspec.shard(target, jspec.tensor_parallel_mesh())
     tokens = jnp.array([[3, 1, 4, 1, 5]])
     assert _collectives(sharded, tokens) == {"all-reduce": 2 * CONFIG.num_layers + 1}
+    reference, _, _ = jax.jit(jspec.forward)(target, tokens, target.init_cache(1, 32))
+    logits, _, _ = jax.jit(jspec.forward)(sharded, tokens, sharded.init_cache(1, 32))
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(reference), rtol=1e-5, atol=1e-5)  # with q|k|v bias
     q, k, v = np.split(np.asarray(target.layers[0].qkv), [CONFIG.q_size, CONFIG.q_size + CONFIG.kv_size], axis=-1)
     first_device = np.asarray(sharded.layers[0].qkv.addressable_shards[0].data)
     np.testing.assert_array_equal(first_device, np.concatenate(
