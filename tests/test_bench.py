@@ -137,7 +137,7 @@ def test_invariant_tiny_speculative_equals_plain_and_self_drafting_accepts_every
     """Under impl="invariant" every drafter's speculative greedy output is plain greedy output on a
     ragged batch (bf16, kernels interpreted on CPU), and self-drafting accepts every draft."""
     out = tmp_path / "invariant.json"
-    _bench("invariant", "--tiny", "--out", out, "--impl", "invariant")
+    assert _bench("invariant", "--tiny", "--out", out, "--impl", "invariant") == 0  # 1 on any differing token
     rows = report.rows(_result(out), "invariant")
     assert [(r["drafter"], r["impl"]) for r in rows] == [(d, "invariant") for d in ("eagle3", "draft-model", "self")]
     assert all(r["num_tokens"] == 48 and r["differing_tokens"] == 0 and r["first_difference"] is None for r in rows)

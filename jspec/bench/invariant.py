@@ -152,9 +152,10 @@ def run(args):
     for name in args.targets:
         rows_of_target(name, args, write)
     invariant = [r for r in rows if r["impl"] == "invariant"]
+    differing = sum(r["differing_tokens"] for r in invariant)
     if invariant:
-        print(f"impl=invariant: {sum(r['differing_tokens'] for r in invariant)} differing tokens over "
-              f"{len(invariant)} rows")
+        print(f"impl=invariant: {differing} differing tokens over {len(invariant)} rows")
+    return 1 if differing else 0  # like `kernels check`: a broken guarantee fails the command
 
 
 def draft_pairs(text: str) -> tuple[str, str]:
