@@ -287,14 +287,14 @@ def test_tensor_parallel_runs_let_jax_take_most_of_each_gpu(monkeypatch):
     """A 70B-shaped target's share on two 80 GB GPUs exceeds JAX's default 75% preallocation."""
     from jspec.bench import cli
 
-    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    for name in cli.TENSOR_PARALLEL_MEMORY:
+        monkeypatch.delenv(name, raising=False)
     cli.prepare_environment(cli.parser().parse_args(["decode", "--out", "d.json", "--tp", "1"]))
-    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ
-    cli.prepare_environment(cli.parser().parse_args(["decode", "--out", "d.json", "--tp", "2"]))
-    assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == cli.TENSOR_PARALLEL_MEMORY_FRACTION
+    assert not any(name in os.environ for name in cli.TENSOR_PARALLEL_MEMORY)
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")  # the user's choice wins
     cli.prepare_environment(cli.parser().parse_args(["decode", "--out", "d.json", "--tp", "2"]))
     assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"
+    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
 
 
 def test_a_kernel_profile_groups_kernels_by_name_and_counts_nccl_apart(monkeypatch):
