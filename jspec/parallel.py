@@ -102,6 +102,11 @@ class TensorParallel:
                              in_specs=(self._last_axis(x.ndim), PartitionSpec(self.axis)))(x, w)
 
 
+def per_head(attend, *args, parallel: TensorParallel | None):
+    """``attend(q, k, v, *rest)`` as it is, or on a placed model's (``parallel``) devices per KV head."""
+    return attend(*args) if parallel is None else parallel.per_head(attend, *args)
+
+
 def split_columns(y: jax.Array, parts: tuple[int, ...], parallel: TensorParallel | None) -> list[jax.Array]:
     """The parts of a fused projection's output ``y [..., sum(parts)]``, on a placed model's
     (``parallel``) device-major layout or the plain one."""

@@ -141,8 +141,8 @@ def confident(model: Model, seed: int = 0, residual_scale: float = 1e-2) -> Mode
     rounding than a one-row decode step) often picks another argmax, and a drafter that follows
     the target (self-drafting) is rejected. Here the LM head is a permutation of the embedding
     table and the attention / MLP outputs are scaled down, so the residual stream stays close to
-    the input embedding and token ``t`` is followed by ``perm[t]`` with a wide margin. Shapes, bytes and FLOPs are
-    those of the original model.
+    the input embedding and token ``t`` is followed by ``perm[t]`` with a wide margin. Shapes,
+    bytes and FLOPs are those of the original model.
     """
     perm = jax.random.permutation(jax.random.key(seed), model.config.vocab_size)
     if isinstance(model, gemma4.Model):

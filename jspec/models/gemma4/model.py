@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.kv import KVCache, write_rows
-from jspec.parallel import TensorParallel, split_columns
+from jspec.parallel import TensorParallel, per_head, split_columns
 from jspec.layers import gated_mlp, linear
 from jspec.layers import rms_norm_fp32_scale as rms_norm
 from jspec.models.base import NO_CAPTURE, Capture, lm_head, token_positions, random_matrix, random_norm_weight
@@ -146,7 +146,7 @@ def attention(
     """
     batch, num_rows, _ = h.shape
     kv_heads, head_dim = c.attention_shape(index)
-    q_size, kv_size = c.num_heads * head_dim, kv_heads * head_dim
+    q_size = c.num_heads * head_dim
     proj = linear(h, layer.qkv, impl=impl, parallel=parallel, split="column")
     q, *kv = split_columns(proj, qkv_parts(c, index), parallel)
     q = q.reshape(batch, num_rows, c.num_heads, head_dim)
@@ -164,7 +164,7 @@ def attention(
                                 window=c.window(index), scale=1.0, impl=impl)
 
     args = (q, k_buf, v_buf, kv_lengths, positions, tree_mask)
-    attn = attend(*args) if parallel is None else parallel.per_head(attend, *args)
+    attn = per_head(attend, *args, parallel=parallel)
     out = linear(attn.reshape(batch, num_rows, q_size), layer.o, impl=impl, parallel=parallel, split="row")
     return out, k_buf, v_buf
 
@@ -175,7 +175,7 @@ def decoder_layer(
 ):
     """Layer ``index`` on the residual stream ``x [batch, T, hidden]``; ``per_layer_input
     [batch, T, P]`` or None without PLE; ``kv_lengths``, ``tree_mask`` and ``parallel`` as for
-    ``attention``. Returns ``(x, k_buf, v_buf)``.""" 
+    ``attention``. Returns ``(x, k_buf, v_buf)``."""
     eps = c.rms_norm_eps
     attn_out, k_buf, v_buf = attention(
         layer, c, index, rms_norm(x, layer.attn_norm, eps, impl=impl), positions, cos, sin, k_buf, v_buf,
@@ -289,10 +289,9 @@ def softcap(logits: jax.Array, cap: float | None) -> jax.Array:
 
 def init_layer(c: Gemma4Config, index: int, key: jax.Array, dtype=jnp.float32, *, scale: float = 0.02) -> Layer:
     """A random layer ``index`` (its shapes depend on the layer type, KV sharing and PLE)."""
-    kv_heads, head_dim = c.attention_shape(index)
-    q_size, kv_size = c.num_heads * head_dim, kv_heads * head_dim
+    _, head_dim = c.attention_shape(index)
+    q_size, qkv_size = c.num_heads * head_dim, sum(qkv_parts(c, index))
     owns_kv = c.kv_source(index) == index
-    qkv_size = q_size + (kv_size * (1 + c.has_v_proj(index)) if owns_kv else 0)
     H, inter, P = c.hidden_size, c.mlp_size(index), c.hidden_size_per_layer_input
     k = iter(jax.random.split(key, 14))
     return Layer(

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec.kv import KVCache, write_rows
-from jspec.parallel import TensorParallel, split_columns
+from jspec.parallel import TensorParallel, per_head, split_columns
 from jspec.layers import linear, rms_norm, silu_mlp
 from jspec.models.base import NO_CAPTURE, Capture, lm_head, token_positions, random_matrix, random_norm_weight
 from jspec.models.llama.config import LlamaConfig
@@ -107,7 +107,7 @@ def attention(
         return decode_attention(q, k_buf, v_buf, kv_lengths, q_positions=positions, tail_mask=tree_mask, impl=impl)
 
     args = (q, k_buf, v_buf, lengths + num_rows, positions, tree_mask)
-    attn = attend(*args) if parallel is None else parallel.per_head(attend, *args)
+    attn = per_head(attend, *args, parallel=parallel)
     out = linear(attn.reshape(batch, num_q, c.q_size), layer.o, impl=impl, parallel=parallel, split="row")
     return out, k_buf, v_buf
 
