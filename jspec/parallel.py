@@ -83,11 +83,14 @@ class TensorParallel:
         return jax.shard_map(attend, mesh=self.mesh, in_specs=(heads, cache, cache) + (PartitionSpec(),) * len(rest),
                              out_specs=heads, check_vma=False)(q, k, v, *rest)
 
-    def column(self, matmul, x, w):
-        """``matmul(x [..., K], w [K, N])`` with ``w`` split by output columns: each device its columns."""
-        if w.shape[-1] % self.size:
+    def column(self, matmul, x, w, *, w_transposed=False):
+        """``matmul(x [..., K], w [K, N])`` with ``w`` split by output columns: each device its columns.
+        ``w_transposed``: ``w [N, K]`` (a tied LM head's embedding table), split by its rows."""
+        out_axis = 0 if w_transposed else -1
+        if w.shape[out_axis] % self.size:
             return matmul(x, w)
-        return jax.shard_map(matmul, mesh=self.mesh, in_specs=(PartitionSpec(), PartitionSpec(None, self.axis)),
+        w_spec = PartitionSpec(self.axis, None) if w_transposed else PartitionSpec(None, self.axis)
+        return jax.shard_map(matmul, mesh=self.mesh, in_specs=(PartitionSpec(), w_spec),
                              out_specs=self._last_axis(x.ndim), check_vma=False)(x, w)
 
     def row(self, matmul, x, w):

@@ -1,7 +1,8 @@
 """Few rows times a big weight matrix (decode / verify projections).
 
 Shapes: x [M, K] (small M), w [K, N] -> [M, N] in x's dtype, fp32 accumulation.
-Leading batch dims of x are flattened into M.
+Leading batch dims of x are flattened into M. ``w_transposed=True`` takes w as [N, K] instead
+(a tied LM head contracting against the embedding table as stored, never a transposed copy).
 
 The cost of ``x @ w`` for M = 1..64 is reading ``w`` once, so the Pallas kernel is a
 weight-streaming GEMV/GEMM (Triton backend):
@@ -43,16 +44,17 @@ from jax.experimental.pallas import triton as plgpu
 from pallas_kernels._dispatch import check_impl, interpret_mode, on_gpu
 
 MAX_M = 64  # the kernel's row limit; larger M (prefill) goes to XLA
+INVARIANT_BLOCK_M = 64  # rows per M tile of ``impl="invariant"``: a Hopper warpgroup dot (WGMMA)
 _NUM_SMS = 132  # H100 SXM; the split-K heuristic aims at a few waves of programs
 _SMEM_LIMIT = 220 * 1024  # pipelined tile bytes per program (227 KiB max); fewer stages beyond
 
 
-def skinny_matmul_reference(x, w):
+def skinny_matmul_reference(x, w, *, w_transposed=False):
     # fp32 operands: full fp32 (no TF32). 16-bit operands: default precision, which is
     # already bf16 x bf16 -> fp32; HIGHEST there made XLA's M = 1 dot 3x slower on H100.
     f32 = jnp.dtype(jnp.float32) in (jnp.dtype(x.dtype), jnp.dtype(w.dtype))
     precision = jax.lax.Precision.HIGHEST if f32 else None
-    return jnp.matmul(x, w, precision=precision,
+    return jnp.einsum("...k,nk->...n" if w_transposed else "...k,kn->...n", x, w, precision=precision,
                       preferred_element_type=jnp.float32).astype(x.dtype)
 
 
@@ -118,11 +120,15 @@ def default_config(m: int, k: int, n: int, itemsize: int = 2) -> SkinnyConfig:
 
 def invariant_config(k: int, n: int, itemsize: int = 2) -> SkinnyConfig:
     """A tiling that depends on the weight's shape only, never on the rows: the one-row tiling
-    (:func:`default_config` at M = 1) in 16-row M tiles, its split-K partials added in split
-    order. Each row's result is then the same sum in the same order whether it is computed alone,
-    among verify rows, in a batch or in a prefill (``impl="invariant"``), and a decode step runs
-    the tiling ``auto`` runs."""
-    return dataclasses.replace(default_config(1, k, n, itemsize), block_m=16, ordered_splits=True)
+    (:func:`default_config` at M = 1) in M tiles of :data:`INVARIANT_BLOCK_M` rows, its split-K
+    partials added in split order. Each row's result is then the same sum in the same order whether
+    it is computed alone, among verify rows, in a batch or in a prefill (``impl="invariant"``).
+
+    64-row tiles rather than 16: H100, Llama-3.1-8B shapes, the decode step's kernels 6.16 against
+    6.47 ms (``auto`` 6.03) and a batch of 16 verifying 4 drafts (80 rows: two tiles, not five)
+    11.8 ms, tied with ``auto``'s cuBLAS GEMMs (11.9), where 16-row tiles took 1.8x ``auto``
+    (``benchmarks/decode_h100_invariant_*.json``)."""
+    return dataclasses.replace(default_config(1, k, n, itemsize), block_m=INVARIANT_BLOCK_M, ordered_splits=True)
 
 
 def _pow2_at_least(v: int, lo: int) -> int:
@@ -130,9 +136,9 @@ def _pow2_at_least(v: int, lo: int) -> int:
 
 
 def _kernel(x_ref, w_ref, o_ref, *, m, k, n, block_m, block_k, block_n, k_per_split,
-            mask_m, mask_k, mask_n, compute_dtype, precision):
+            mask_m, mask_k, mask_n, compute_dtype, precision, w_transposed):
     # x_ref: [block_m, k_per_split]   (rows >= m and cols >= k are out of the array)
-    # w_ref: [k_per_split, block_n]
+    # w_ref: [k_per_split, block_n], or [block_n, k_per_split] when w_transposed
     # o_ref: [block_m, block_n]      (squeezed split dim when split_k > 1)
     pid_n = pl.program_id(1)
     pid_s = pl.program_id(2)
@@ -147,11 +153,15 @@ def _kernel(x_ref, w_ref, o_ref, *, m, k, n, block_m, block_k, block_n, k_per_sp
         if mask_k:
             k_ok = pid_s * k_per_split + kk + jnp.arange(block_k) < k
         x_mask = _and2d(row_ok, k_ok)
-        w_mask = _and2d(k_ok, col_ok)
         xb = _load(x_ref.at[:, pl.ds(kk, block_k)], x_mask)
-        wb = _load(w_ref.at[pl.ds(kk, block_k), :], w_mask)
-        return acc + jnp.dot(xb.astype(compute_dtype), wb.astype(compute_dtype),
-                             precision=precision, preferred_element_type=jnp.float32)
+        if w_transposed:
+            wb = _load(w_ref.at[:, pl.ds(kk, block_k)], _and2d(col_ok, k_ok))
+            contract = (((1,), (1,)), ((), ()))
+        else:
+            wb = _load(w_ref.at[pl.ds(kk, block_k), :], _and2d(k_ok, col_ok))
+            contract = (((1,), (0,)), ((), ()))
+        return acc + jax.lax.dot_general(xb.astype(compute_dtype), wb.astype(compute_dtype), contract,
+                                         precision=precision, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, num_k_steps, body,
                             jnp.zeros((block_m, block_n), jnp.float32))
@@ -176,10 +186,10 @@ def _load(ref, mask):
     return plgpu.load(ref, mask=mask, other=0)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "interpret"))
-def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool):
+@functools.partial(jax.jit, static_argnames=("config", "interpret", "w_transposed"))
+def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool, w_transposed: bool = False):
     m, k = x.shape
-    k2, n = w.shape
+    n, k2 = w.shape if w_transposed else w.shape[::-1]
     assert k == k2, (x.shape, w.shape)
     cfg = config
     if m > MAX_M and cfg.block_m is None:
@@ -205,10 +215,11 @@ def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool):
         _kernel, m=m, k=k, n=n, block_m=block_m, block_k=block_k, block_n=block_n,
         k_per_split=k_per_split, mask_m=m % block_m != 0,
         mask_k=split_k * k_per_split != k, mask_n=n % block_n != 0,
-        compute_dtype=compute_dtype, precision=precision)
+        compute_dtype=compute_dtype, precision=precision, w_transposed=w_transposed)
     in_specs = [
         pl.BlockSpec((block_m, k_per_split), lambda r, i, s: (r, s)),
-        pl.BlockSpec((k_per_split, block_n), lambda r, i, s: (s, i)),
+        pl.BlockSpec((block_n, k_per_split), lambda r, i, s: (i, s)) if w_transposed
+        else pl.BlockSpec((k_per_split, block_n), lambda r, i, s: (s, i)),
     ]
     if split_k == 1:
         out_shape = jax.ShapeDtypeStruct((m, n), x.dtype)
@@ -232,17 +243,18 @@ def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool):
     return out
 
 
-def skinny_matmul_pallas(x, w, *, config: SkinnyConfig | None = None, interpret=None):
-    """The Pallas kernel for x [..., K] (at most MAX_M rows after flattening), w [K, N]."""
+def skinny_matmul_pallas(x, w, *, config: SkinnyConfig | None = None, interpret=None, w_transposed=False):
+    """The Pallas kernel for x [..., K] (at most MAX_M rows after flattening, unless the config
+    has M tiles), w [K, N] (or [N, K] with ``w_transposed``)."""
     if interpret is None:
         interpret = interpret_mode()
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
+    k, n = w.shape[::-1] if w_transposed else w.shape
     if config is None:
-        config = default_config(x2.shape[0], w.shape[0], w.shape[1],
-                                jnp.dtype(jnp.promote_types(x.dtype, w.dtype)).itemsize)
-    out = _skinny_matmul_pallas_2d(x2, w, config=config, interpret=bool(interpret))
-    return out.reshape(*lead, w.shape[1])
+        config = default_config(x2.shape[0], k, n, jnp.dtype(jnp.promote_types(x.dtype, w.dtype)).itemsize)
+    out = _skinny_matmul_pallas_2d(x2, w, config=config, interpret=bool(interpret), w_transposed=w_transposed)
+    return out.reshape(*lead, n)
 
 
 def _auto_uses_pallas(m: int, k: int, n: int, x_dtype, w_dtype) -> bool:
@@ -262,19 +274,20 @@ def _auto_uses_pallas(m: int, k: int, n: int, x_dtype, w_dtype) -> bool:
     return m == 1 and k >= 1024 and 1024 <= n <= 32768
 
 
-def skinny_matmul(x, w, *, impl="auto"):
-    """Dispatcher: ``x @ w`` for x [..., K], w [K, N] -> [..., N]. ``impl="invariant"``: the kernel
-    with :func:`invariant_config`, for any number of rows."""
+def skinny_matmul(x, w, *, impl="auto", w_transposed=False):
+    """Dispatcher: ``x @ w`` for x [..., K], w [K, N] -> [..., N] (w [N, K] with ``w_transposed``).
+    ``impl="invariant"``: the kernel with :func:`invariant_config`, for any number of rows."""
     impl = check_impl(impl, "skinny_matmul")
     m = math.prod(x.shape[:-1])
+    k, n = w.shape[::-1] if w_transposed else w.shape
     if impl == "invariant":
         itemsize = jnp.dtype(jnp.promote_types(x.dtype, w.dtype)).itemsize
-        return skinny_matmul_pallas(x, w, config=invariant_config(*w.shape, itemsize))
+        return skinny_matmul_pallas(x, w, config=invariant_config(k, n, itemsize), w_transposed=w_transposed)
     if impl == "pallas":
         if m > MAX_M:
             raise ValueError(
                 f"the skinny-matmul kernel takes at most {MAX_M} rows, got {m}; use impl='auto'")
-        return skinny_matmul_pallas(x, w)
-    if impl == "auto" and on_gpu() and _auto_uses_pallas(m, *w.shape, x.dtype, w.dtype):
+        return skinny_matmul_pallas(x, w, w_transposed=w_transposed)
+    if impl == "auto" and not w_transposed and on_gpu() and _auto_uses_pallas(m, k, n, x.dtype, w.dtype):
         return skinny_matmul_pallas(x, w, interpret=False)
-    return skinny_matmul_reference(x, w)
+    return skinny_matmul_reference(x, w, w_transposed=w_transposed)

@@ -35,19 +35,22 @@ def target():
     return jspec.init_params(TINY, jax.random.key(0), jnp.bfloat16, scale=0.05)
 
 
+@pytest.mark.parametrize("w_transposed", [False, True], ids=["w_kn", "w_nk"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("k, n", [(200, 150), (64, 97), (1024, 64)])
-def test_matmul_rows_do_not_depend_on_the_rows_beside_them(dtype, k, n):
-    """Also with split-K (1024 x 64: the one-row tiling splits K in 4 (bf16) / 8 (fp32))."""
+def test_matmul_rows_do_not_depend_on_the_rows_beside_them(dtype, k, n, w_transposed):
+    """Also with split-K (1024 x 64: the one-row tiling splits K in 4 (bf16) / 8 (fp32)), and for a
+    weight stored [N, K] (a tied LM head reading the embedding table as stored)."""
     assert (invariant_config(k, n, jnp.dtype(dtype).itemsize).split_k > 1) == (k == 1024)
     x = jax.random.normal(jax.random.key(0), (37, k), dtype)
     w = jax.random.normal(jax.random.key(1), (k, n), dtype)
-    every_row = np.asarray(skinny_matmul(x, w, impl=INVARIANT))
+    stored = w.T if w_transposed else w
+    matmul = lambda x: np.asarray(skinny_matmul(x, stored, impl=INVARIANT, w_transposed=w_transposed))  # noqa: E731
+    every_row = matmul(x)
     np.testing.assert_allclose(every_row.astype(np.float32), np.asarray(skinny_matmul_reference(x, w), np.float32),
                                rtol=2e-2, atol=2e-2)
     for start, rows in [(0, 1), (5, 1), (3, 5), (10, 20), (36, 1)]:  # decode, verify, batch x rows, any M
-        np.testing.assert_array_equal(np.asarray(skinny_matmul(x[start:start + rows], w, impl=INVARIANT)),
-                                      every_row[start:start + rows])
+        np.testing.assert_array_equal(matmul(x[start:start + rows]), every_row[start:start + rows])
 
 
 def _attention_case(*, batch=2, num_q=3, num_q_heads=4, num_kv_heads=2, max_len=256, head_dim=32):
@@ -102,6 +105,10 @@ def test_invariant_kernels_lower_for_cuda(max_len, head_dim, num_q, window):
     text = lower_for_cuda(lambda x, w: skinny_matmul_pallas(x, w, config=invariant_config(4096, 6144), interpret=False),
                           s((100, 4096), jnp.bfloat16), s((4096, 6144), jnp.bfloat16))
     assert triton_kernel_count(text) == 1
+    tied_head = lambda x, embed: skinny_matmul_pallas(  # noqa: E731
+        x, embed, config=invariant_config(2048, 128256), interpret=False, w_transposed=True)
+    text = lower_for_cuda(tied_head, s((5, 2048), jnp.bfloat16), s((128256, 2048), jnp.bfloat16))
+    assert triton_kernel_count(text) == 1 and "transpose" not in text.split("tt.func")[0]  # no copy of the table
 
 
 def test_a_rows_logits_are_the_same_alone_among_verify_rows_and_in_a_batch(target):

@@ -63,6 +63,15 @@ def test_kernel_tilings(m, k, n, cfg):
     _check(sm.skinny_matmul_pallas(x, w, config=cfg, interpret=True), x, w)
 
 
+@pytest.mark.parametrize("m,k,n,cfg", [(1, 256, 128, SkinnyConfig(block_n=64, block_k=64, split_k=2)),
+                                       (5, 300, 40, None)])  # aligned; masks on K and N
+def test_kernel_reads_a_weight_stored_n_by_k(m, k, n, cfg):
+    x, w = _inputs(m, k, n, jnp.bfloat16, seed=k)
+    _check(sm.skinny_matmul_pallas(x, w.T, config=cfg, interpret=True, w_transposed=True), x, w)
+    np.testing.assert_array_equal(np.asarray(skinny_matmul(x, w.T, impl="xla", w_transposed=True)),
+                                  np.asarray(skinny_matmul(x, w, impl="xla")))
+
+
 def test_dispatcher_pallas_flattens_leading_dims():
     x, w = _inputs(6, K, N, jnp.bfloat16)
     x3 = x.reshape(2, 3, K)

@@ -17,11 +17,13 @@ writes their K/V and advances ``kv.lengths`` by ``T``:
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
 from jspec.layers import linear
+from pallas_kernels import skinny_matmul
 from pallas_kernels._dispatch import check_impl
 
 
@@ -76,7 +78,10 @@ def lm_head(embed: jax.Array, head: jax.Array | None, h: jax.Array, *, impl: str
     [hidden, vocab]``, or None when tied to ``embed [vocab, hidden]``. ``parallel``: a placed
     model's ``jspec.parallel.TensorParallel`` (an untied head then runs column-split per device)."""
     if head is None and check_impl(impl, "skinny_matmul") == "invariant":
-        head = embed.T  # the row-invariant matmul takes [hidden, vocab]: a transposed copy
+        # The row-invariant kernel reads the table as stored ([vocab, hidden]), never a transposed copy.
+        matmul = functools.partial(skinny_matmul, impl=impl, w_transposed=True)
+        logits = matmul(h, embed) if parallel is None else parallel.column(matmul, h, embed, w_transposed=True)
+        return logits.astype(jnp.float32)
     if head is None:
         # Tied: contract against the embedding table as stored, no transposed copy.
         return jnp.einsum("...h,vh->...v", h, embed, preferred_element_type=jnp.float32)
