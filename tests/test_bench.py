@@ -308,3 +308,39 @@ def test_a_kernel_profile_groups_kernels_by_name_and_counts_nccl_apart(monkeypat
     assert [(k["name"], k["count"]) for k in profile["top_kernels"]] == [("gemv", 3), ("attention", 1)]
     monkeypatch.setattr(decode, "gpu_kernel_times", lambda call, warmup: [])  # off a GPU
     assert decode.kernel_profile(lambda: None) is None
+
+
+def test_tokamax_peers_get_their_own_layout_and_the_lengths(monkeypatch):
+    """The tokamax peers (jspec.bench.peers) compute what our kernels compute, given tokamax's
+    layouts: attention over [batch, seq, heads, head_dim] with per-sequence lengths, a matmul as
+    one group of a grouped matmul. A stand-in with tokamax's signatures checks the wiring here; off
+    a GPU no peer is offered."""
+    from types import SimpleNamespace
+
+    from jspec.bench import peers
+    from jspec.bench.kernel_check import decode_attention_inputs
+    from pallas_kernels.decode_attention import decode_attention_reference
+
+    assert peers.available(peers.ATTENTION) == [] and peers.available(peers.MATMUL) == []  # CPU
+    calls = []
+
+    def dot_product_attention(q, k, v, *, key_value_seq_lengths, implementation):
+        calls.append(implementation)
+        return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=key_value_seq_lengths)
+
+    def ragged_dot(lhs, rhs, group_sizes, *, implementation):
+        calls.append(implementation)
+        assert rhs.shape[0] == 1 and int(group_sizes.sum()) == lhs.shape[0]
+        return jax.lax.ragged_dot(lhs, rhs, group_sizes)
+
+    monkeypatch.setattr(peers, "tokamax", lambda: SimpleNamespace(dot_product_attention=dot_product_attention,
+                                                                 ragged_dot=ragged_dot))
+    q, k, v, lengths, positions = decode_attention_inputs(2, 1, 8, 2, 64, 32, [64, 23], seed=0, dtype=jnp.float32)
+    expected = decode_attention_reference(q, k, v, lengths, q_positions=positions)
+    for name in peers.ATTENTION:
+        out = peers.attention(name)(q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), lengths)
+        np.testing.assert_allclose(np.asarray(out), np.asarray(expected), rtol=1e-5, atol=1e-5)
+    x, w = jax.random.normal(jax.random.key(0), (5, 48)), jax.random.normal(jax.random.key(1), (48, 40))
+    for name in peers.MATMUL:
+        np.testing.assert_allclose(np.asarray(peers.matmul(name)(x, w)), np.asarray(x @ w), rtol=1e-5, atol=1e-5)
+    assert calls == ["mosaic", "triton", "triton", "mosaic"]

@@ -4,7 +4,8 @@ Actions (``python -m jspec.bench kernels <action> --help``):
 
   copy-bandwidth    device copy bandwidth (torch ``copy_`` if torch imports, else a JAX copy)
   check             kernels vs their jnp references on this device (exit 1 on a mismatch)
-  decode-attention  decode / verify attention: Pallas kernel vs jnp reference vs cuDNN
+  decode-attention  decode / verify attention: Pallas kernel vs jnp reference vs cuDNN (and
+                    tokamax's Mosaic GPU / Triton attention where tokamax is installed)
   draft-attention-gemma4  the same at Gemma 4's shapes (head_dim 256 / 512, windows), GPU time
   gather-rows       last-position slicing (+ RMSNorm): Pallas kernel vs XLA gather + norm
   plot              PNG from a decode-attention JSON
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jspec.bench import draft_attention, plots, report
+from jspec.bench import draft_attention, peers, plots, report
 from jspec.bench.flags import common, int_tuples, ints, subcommand
 
 DECODE_NOTES = ("ms: median of --repeats runs of a jit with --inner chained calls, divided by --inner; device_ms: "
@@ -62,15 +63,17 @@ def bench_decode_one(batch, num_q, context, *, hq=32, hkv=8, head_dim=128, lengt
     row = dict(measure="decode_attention", batch=batch, num_q=num_q, max_len=context,
                mean_length=float(np.mean(lengths)), num_q_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
                dtype=dtype.name, kv_bytes=kv_bytes, ms={}, device_ms={}, timings={})
-    # cuDNN gets its own layout [B, S, Hkv, D], transposed outside the timed region. Non-causal
-    # with key lengths: for num_q > 1 it skips the causal rule among the last num_q rows.
+    # cuDNN and tokamax get their own layout [B, S, Hkv, D], transposed outside the timed region.
+    # Non-causal with key lengths: for num_q > 1 they skip the causal rule among the last num_q rows.
+    own_layout = (jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), lens) if set(impls) - {"pallas", "xla"} else ()
     steps = {
         "pallas": (lambda c, k, v, lens, p: decode_attention_pallas(c, k, v, lens, q_positions=p, **(kernel_kw or {})),
                    (k, v, lens, pos)),
         "xla": (lambda c, k, v, lens, p: decode_attention_reference(c, k, v, lens, q_positions=p), (k, v, lens, pos)),
         "cudnn": (lambda c, k, v, lens: jax.nn.dot_product_attention(c, k, v, key_value_seq_lengths=lens,
                                                                      implementation="cudnn"),
-                  (jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), lens) if "cudnn" in impls else ()),
+                  own_layout),
+        **{name: (peers.attention(name), own_layout) for name in peers.ATTENTION},
     }
     for impl in impls:
         step, args = steps[impl]
@@ -86,7 +89,7 @@ def bench_decode_one(batch, num_q, context, *, hq=32, hkv=8, head_dim=128, lengt
         except Exception as exc:  # noqa: BLE001 - e.g. cuDNN refusing a shape
             row["ms"][impl] = None
             row.setdefault("errors", {})[impl] = f"{type(exc).__name__}: {str(exc)[:300]}"
-    del steps, args, q, k, v  # the cuDNN-layout copies go with them
+    del steps, args, q, k, v, own_layout  # the peers' layout copies go with them
     return row
 
 
@@ -102,7 +105,7 @@ def finish_row(row, copy_tb_s, which):
         if copy_tb_s:
             row[f"{prefix}frac_of_copy"] = {i: (b / copy_tb_s if b else None) for i, b in row[f"{prefix}tb_s"].items()}
         p = times.get("pallas")
-        for other in ("xla", "cudnn"):
+        for other in ("xla", "cudnn", *peers.ATTENTION):
             o = times.get(other)
             row[f"{prefix}speedup_vs_{other}"] = (o / p) if (p and o) else None
     return row
@@ -129,8 +132,8 @@ def run_decode(args, copy_tb_s, save):
     rows = []
     for batch, num_q, context in tqdm(configs, desc="decode-attention", file=sys.stdout):
         impls = ["pallas", "xla"]
-        if 2 * kv_row_bytes * batch * context <= args.max_kv_gb * 1e9 and _has_cudnn():  # room for cuDNN's copy
-            impls.append("cudnn")
+        if 2 * kv_row_bytes * batch * context <= args.max_kv_gb * 1e9 and _has_cudnn():  # room for the peers' copy
+            impls += ["cudnn", *peers.available(peers.ATTENTION)]
         row = _bench(args, batch, num_q, context, copy_tb_s, "grid", impls=impls)
         row["config"] = tiling(batch, num_q, hq, hkv, context, head_dim)
         rows.append(row)
@@ -142,7 +145,7 @@ def run_decode(args, copy_tb_s, save):
         lengths[0] = max_len
         for num_q in args.queries:
             lengths = np.maximum(lengths, num_q)
-            impls = ["pallas", "xla"] + (["cudnn"] if _has_cudnn() else [])
+            impls = ["pallas", "xla"] + (["cudnn", *peers.available(peers.ATTENTION)] if _has_cudnn() else [])
             rows.append(_bench(args, batch, num_q, max_len, copy_tb_s, "ragged", lengths=lengths, impls=impls))
             save(rows)
     return rows

@@ -8,7 +8,8 @@ One run does, in order:
      ``impl="auto"`` routing;
   3. a time-boxed tuning sweep over block_n / block_k / split_k / num_warps / num_stages;
   4. the measurement: weight bytes / time for each shape and M, for XLA's dot (the
-     reference path), the kernel with the default heuristic and with the best swept config.
+     reference path), the kernel with the default heuristic and with the best swept config,
+     and where tokamax is installed its grouped matmul with one group (``jspec.bench.peers``).
 
 Timing: each jitted program multiplies distinct (x_i, w_i) pairs (enough weights to exceed the
 L2 cache, and no shared operand that XLA could merge), dispatched ``--calls`` times back to
@@ -33,7 +34,7 @@ import time
 
 from tqdm.auto import tqdm
 
-from jspec.bench import matmul_sweep, plots, report
+from jspec.bench import matmul_sweep, peers, plots, report
 from jspec.bench.flags import common, subcommand
 from jspec.bench.matmul_torch import n_weights, plan, run_torch
 
@@ -125,7 +126,8 @@ def measure(sm, args, bench, best, deadline):
             cfg = sm.default_config(m, k, n)
             row = dict(measure="matmul", shape=f"{k}x{n}", k=k, n=n, m=m, extra=extra, n_weights=nw,
                        default_config=repr(cfg), tb_s={}, timings={})
-            fns = {"xla": sm.skinny_matmul_reference, "kernel_default": bench.kernel(cfg)}
+            fns = {"xla": sm.skinny_matmul_reference, "kernel_default": bench.kernel(cfg),
+                   **{name: peers.matmul(name) for name in peers.available(peers.MATMUL)}}
             tuned = best.tuned_config(m, k, n)
             if tuned is not None and tuned != cfg:
                 fns["kernel_tuned"] = bench.kernel(tuned)
@@ -138,6 +140,8 @@ def measure(sm, args, bench, best, deadline):
                 row["tb_s"]["device_xla"], _ = bench.device_tb_s(sm.skinny_matmul_reference, xs, ws)
                 kernel = bench.device_tb_s(fns["kernel_default"], xs, ws)
                 row["tb_s"]["device_kernel"], row["tb_s"]["device_kernel_alone"] = kernel
+                for name in peers.available(peers.MATMUL):
+                    row["tb_s"][f"device_{name}"], _ = bench.device_tb_s(fns[name], xs, ws)
             row["auto_uses_kernel"] = bool(sm._auto_uses_pallas(m, k, n, jnp.bfloat16, jnp.bfloat16))
             rows.append(row)
             del xs, ws

@@ -6,7 +6,7 @@ A result is::
      "command": "spec" | "kernels check" | ...,       # subcommand [action]
      "argv": [...],                                   # the command line
      "environment": {device, platform, jax_version, python, dtype, seed, weights, date, xla_flags,
-                     loop_compiler_options},                   # the last one since 2026-11-26
+                     loop_compiler_options, tokamax_version},  # the last two since 2026-11-26
      "rows": [{"measure": "<name>", ...fields...}, ...],
      ...}                                             # a few extras: copy_bandwidth, notes
 
@@ -22,6 +22,7 @@ import platform
 import time
 from pathlib import Path
 
+from jspec.bench import peers
 from jspec.compile_options import LOOP_COMPILER_OPTIONS
 
 SCHEMA = "jspec.bench/1"
@@ -47,6 +48,7 @@ def environment(dtype, seed: int | None, *, weights: str = "random (generated on
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         # What jspec's on-device loops are compiled with, whatever XLA_FLAGS says.
         "loop_compiler_options": dict(LOOP_COMPILER_OPTIONS),
+        "tokamax_version": peers.version(),  # the peer kernel library, where installed
     }
 
 
