@@ -96,7 +96,7 @@ def is_collective(kernel_name: str) -> bool:
     return "nccl" in kernel_name.lower()
 
 
-def kernel_profile(call, *, top: int = 12) -> dict | None:
+def kernel_profile(call, *, top: int = 40) -> dict | None:
     """The GPU kernels of one dispatched ``call()`` (profiler; None off a GPU): total time, count,
     NCCL time, and the ``top`` kernel names by time with their counts. Profiled outside the
     on-device loop because the profiler does not see the kernels inside a while loop (jax 0.11.2:
