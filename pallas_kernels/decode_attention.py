@@ -122,15 +122,20 @@ def use_pallas(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype
     cache is as fast or faster. ``auto`` gives these rows to the wide-head kernel's 64-row M tiles
     instead where :func:`use_wide_kernel` takes them.
 
-    Tiny caches take the kernel too: timed alone, one call of the reference can win there, but
-    inside the model the kernel's one launch per layer beats the reference's several (H100, batch
-    1, contexts 128-2048, SmolLM2-135M / Llama-3.2-1B / Llama-3.1-8B shapes: GPU time of a decode
-    step and of a 5-row verify forward lower or tied at every shape, the on-device decode loop
-    up to 10% faster in 8 of 9 cells, an EAGLE-3 round of SmolLM2 2.25 against 3.34 ms).
+    Tiny caches take the kernel too at head_dim <= 128: timed alone, one call of the reference can
+    win there, but inside the model the kernel's one launch per layer beats the reference's several
+    (H100, batch 1, contexts 128-2048, SmolLM2-135M / Llama-3.2-1B / Llama-3.1-8B shapes: GPU time
+    of a decode step and of a 5-row verify forward lower or tied at every shape, the on-device
+    decode loop up to 10% faster in 8 of 9 cells, an EAGLE-3 round of SmolLM2 2.25 against 3.34
+    ms). Wider heads (Gemma 4's 256 / 512) were timed at tiny caches only alone, so they keep that
+    rule: the reference below 2**21 K elements (``batch * kv_heads * max_len * head_dim``) for one
+    query row, 2**20 for several.
     """
     if jnp.dtype(dtype).itemsize != 2 or head_dim > 512:
         return False
-    return not (head_dim > 256 and num_q * (num_q_heads // num_kv_heads) > 64)
+    if head_dim > 256 and num_q * (num_q_heads // num_kv_heads) > 64:
+        return False
+    return head_dim <= 128 or batch * num_kv_heads * max_len * head_dim >= (2**21 if num_q == 1 else 2**20)
 
 
 def use_wide_kernel(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, *, tail_mask=None,
