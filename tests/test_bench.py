@@ -260,6 +260,22 @@ def test_kv_bytes_count_each_layer_shape_and_window():
     assert kv_bytes_per_step(model, 1, 4) == 2 * 4 * (per_row["sliding"] + per_row["full"])
 
 
+def test_a_rounds_roofline_adds_what_the_drafter_must_read_to_a_step():
+    from jspec.bench.roofline import draft_bytes_per_round, round_roofline_ratio
+    from jspec.drafters import DraftModel, NGram
+
+    target, draft = tiny_model(0), tiny_model(1, num_layers=1)
+    head = eagle3_head(2, target)
+    nbytes = lambda *trees: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(trees))  # noqa: E731
+    per_draft = nbytes(head.layer, head.norm, head.hidden_norm, head.lm_head)  # a layer and the draft LM head
+    assert draft_bytes_per_round(Eagle3(head), 3) == 3 * per_draft + nbytes(head.fc)  # fc once
+    assert draft_bytes_per_round(DraftModel(draft), 3) == 3 * weight_bytes_per_step(draft)
+    assert draft_bytes_per_round(NGram(), 3) == 0 and round_roofline_ratio(target, NGram(), 3, 2, 16) == 1.0
+    step = weight_bytes_per_step(target) + kv_bytes_per_step(target, 2, 16)
+    assert round_roofline_ratio(target, DraftModel(draft), 3, 2, 16) == pytest.approx(
+        1 + 3 * weight_bytes_per_step(draft) / step)
+
+
 def test_confident_keeps_the_residual_stream_on_the_input_token():
     """With the branch outputs scaled down, a tied-head Gemma predicts its input token, in bf16."""
     model = jax.tree.map(lambda x: x.astype(jnp.bfloat16), tiny_gemma4())

@@ -80,3 +80,41 @@ def kv_bytes_per_step(model: Model, batch: int, context: int) -> int:
         rows = min(context, c.window(i) or context)
         total += 2 * batch * kv_heads * rows * head_dim * itemsize
     return int(total)
+
+
+def _nbytes(tree) -> int:
+    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+
+def draft_bytes_per_round(drafter, num_draft_tokens: int) -> int | None:
+    """Parameter bytes a drafter must read in one chain round of ``num_draft_tokens`` drafts
+    (propose and commit), or None for a drafter this does not model (MTP, the Gemma 4 assistant).
+
+    * n-gram: none;
+    * draft model: one forward per draft (the first over two rows), each reading its weights;
+    * EAGLE-3 head: per draft one LM head (over the draft vocabulary) and one decoder layer (k - 1
+      layers in the propose scan, one in the commit's catch-up), and ``fc`` once, in the commit.
+    """
+    from jspec.drafters import DraftModel, Eagle3, NGram
+
+    if isinstance(drafter, NGram):
+        return 0
+    if isinstance(drafter, DraftModel):
+        return num_draft_tokens * weight_bytes_per_step(drafter.model)
+    if isinstance(drafter, Eagle3):
+        head = drafter.head
+        per_draft = _nbytes((head.layer, head.norm, head.hidden_norm, head.lm_head))
+        return num_draft_tokens * per_draft + _nbytes((head.fc, head.fc_bias, head.fc_norm))
+    return None
+
+
+def round_roofline_ratio(target: Model, drafter, num_draft_tokens: int, batch: int, context: int) -> float | None:
+    """The least a chain round can cost against a plain decode step when both stream their bytes at
+    the same bandwidth: (step bytes + the drafter's bytes) / step bytes, the step's bytes being
+    the target's weights and KV (a verify forward of k + 1 rows reads the same). None where the
+    drafter is not modelled (:func:`draft_bytes_per_round`)."""
+    draft = draft_bytes_per_round(drafter, num_draft_tokens)
+    if draft is None:
+        return None
+    step = weight_bytes_per_step(target) + kv_bytes_per_step(target, batch, context)
+    return (step + draft) / step

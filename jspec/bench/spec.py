@@ -4,12 +4,16 @@
   donated) for each ``--k``, against one plain decode step (medians of back-to-back calls);
   for ``--stages-k`` also propose and verify timed alone as separate programs, accept +
   commit = round - propose - verify, and on a GPU the kernels of one round and of one decode
-  step side by side (``profiles``: ``jspec.bench.decode.kernel_profile``).
+  step side by side (``profiles``: ``jspec.bench.decode.kernel_profile``). ``roofline_ratio``:
+  the least a round can cost against a step when both stream their bytes at one bandwidth
+  (:func:`jspec.bench.roofline.round_roofline_ratio`; the drafter's reads on top of the step's).
 * ``end_to_end`` rows: tokens/s of ``speculative_generate``'s on-device loop against plain
   decoding (``(n - 1) / (T(n) - T(1))``), at controlled acceptance: the real drafter proposes and
   the target verifies, but the round accepts a drawn number of drafts, each with probability
   ``alpha`` (:class:`jspec.bench.controlled.ControlledAcceptance`; ``--alpha -1``: greedy
-  verification, the drafter's own acceptance).
+  verification, the drafter's own acceptance). ``round_over_step_in_loop`` = acceptance length /
+  speed-up: a round against a plain step, both inside their on-device loops; the best speed-up
+  the bandwidth allows is acceptance length / ``roofline_ratio``.
 * ``policy`` rows: the k that ``jspec.policy`` picks from the measured round costs.
 * ``--hf``: HF transformers on the same shapes (``hf_peer`` / ``hf_ratio`` rows).
 
@@ -35,6 +39,7 @@ from jspec.bench import decode, plots, report
 from jspec.bench.flags import add_tp, common, mesh_of, subcommand
 from jspec.bench.controlled import ACCEPTANCE_METHOD, ControlledAcceptance, expected_acceptance_length
 from jspec.bench.presets import GREEDY, PRESETS, confident, is_tiny, load_target, random_prompts, weights_note
+from jspec.bench.roofline import round_roofline_ratio
 from jspec.bench.timing import compile_all, time_fn, time_steps
 from jspec.drafters import MTP, DraftModel, Eagle3, Eagle3Config, NGram, init_eagle3_head, init_mtp_head
 from jspec.drafters.base import RoundContext
@@ -116,6 +121,8 @@ def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repea
         row = dict(measure="round", **(tags or {}), batch=batch, k=k, **shape, round_ms=round_s * 1e3,
                    decode_step_ms=decode_s * 1e3, overhead_ratio=round_s / decode_s,
                    timings=dict(round=timing.as_dict(), decode_step=decode_timing.as_dict()))
+        if tree is None:  # the round's bandwidth bound, beside what it costs
+            row["roofline_ratio"] = round_roofline_ratio(target, drafter, k, batch, context)
         if key in stages_k:  # what the round spends beyond its two big stages
             stages = stage_times(target, drafter, state, k, impl=impl, repeats=repeats, tree=tree)
             row.update(propose_ms=stages["propose"].median_s * 1e3, verify_ms=stages["verify"].median_s * 1e3)
@@ -183,6 +190,9 @@ def end_to_end(target, drafter, batch, args, tags) -> list[dict]:
                 expected_acceptance_length=None if alpha < 0 else expected_acceptance_length(alpha, k),
                 spec_tokens_per_s=spec_tps, plain_tokens_per_s=plain_tps,
                 speedup=spec_tps / plain_tps,
+                # A round in the loop against a plain step in the loop: (tokens per round) / speed-up.
+                round_over_step_in_loop=float((accepted + rounds) / max(rounds, 1)) * plain_tps / spec_tps,
+                roofline_ratio=round_roofline_ratio(target, drafter, k, batch, context),
                 timings={"spec_1_token": s1.as_dict(), f"spec_{n}_tokens": sn.as_dict(),
                          "plain_1_token": t1.as_dict(), f"plain_{n}_tokens": tn.as_dict()},
             ))
