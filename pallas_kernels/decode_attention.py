@@ -31,7 +31,7 @@ query rows x GQA group and neither window nor tail mask run on a GPU in the Mosa
 ``impl="auto"`` (see :func:`use_pallas`): the reference on CPU; on a GPU the kernel wherever the
 recorded benchmarks show it faster (figures: ``benchmarks/README.md``, decode attention).
 ``impl="invariant"``: :mod:`pallas_kernels.invariant_attention` (each row's output independent of
-the other rows, the batch and the cache capacity; no tree attention).
+the other rows, the batch and the cache capacity; tree attention too).
 """
 
 from __future__ import annotations
@@ -174,9 +174,8 @@ def decode_attention(q, k, v, kv_lengths, *, q_positions, tail_mask=None, window
         use = on_gpu() and (use_pallas(*shape) or use_wide_kernel(*shape, tail_mask=tail_mask, window=window))
         impl = "pallas" if use else "xla"
     if impl == "invariant":
-        if tail_mask is not None:
-            raise ValueError("impl='invariant' has no tree attention (tail_mask) yet: draft trees run with another impl")
-        return decode_attention_invariant(q, k, v, kv_lengths, q_positions=q_positions, window=window, scale=scale)
+        return decode_attention_invariant(q, k, v, kv_lengths, q_positions=q_positions, tail_mask=tail_mask,
+                                          window=window, scale=scale)
     if impl == "pallas" and on_gpu() and use_wide_kernel(*q.shape[:3], *k.shape[1:3], q.shape[3], k.dtype,
                                                            tail_mask=tail_mask, window=window):
         return decode_attention_wide(q, k, v, kv_lengths, q_positions=q_positions, scale=scale)

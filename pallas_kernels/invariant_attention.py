@@ -2,8 +2,8 @@
 whatever else is computed with it: other query rows (decode vs verify vs prefill), other sequences
 of the batch, the cache's capacity.
 
-Same shapes and visibility rule as :mod:`pallas_kernels.decode_attention` (no ``tail_mask``). The
-reduction structure is pinned, never chosen from the shapes:
+Same shapes and visibility rule as :mod:`pallas_kernels.decode_attention`, tree attention
+(``tail_mask``) included. The reduction structure is pinned, never chosen from the shapes:
 
 * query rows x GQA group are cut into M tiles of :data:`BLOCK_M` rows, so every dot has the same
   shape whatever the number of rows (row ``r`` = query ``r // group``, head ``r % group``);
@@ -14,7 +14,10 @@ reduction structure is pinned, never chosen from the shapes:
 * the KV axis is split at fixed positions (every ``split_rows`` cache rows), one program per split,
   and the splits' partials are merged one after another in split order by a second kernel; a
   split a row sees nothing of (e.g. past the length, however large the cache) is an exact no-op
-  in that merge.
+  in that merge;
+* a tree's tail mask only decides which of the last ``num_q`` cache rows a row sees: the blocks
+  that hold tail rows run after the others in the same ascending order, their visibility read
+  from the mask.
 
 The price against :mod:`pallas_kernels.flash_decoding` (which balances a ragged batch's blocks over
 its programs and merges in chunks): no stream-K, and more programs per short sequence.
@@ -31,6 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._dispatch import interpret_mode
+from pallas_kernels.flash_decoding import _effective_tail_mask
 from pallas_kernels.split_kv import _MASK_VALUE, _next_pow2
 
 BLOCK_M = 16  # rows of every M tile: the smallest 16-bit tensor-core dot
@@ -46,11 +50,14 @@ def _dot(a, b, dtype):
     return jnp.dot(a.astype(dtype), b.astype(dtype), precision=precision, preferred_element_type=jnp.float32)
 
 
-def _split_kernel(q_ref, k_ref, v_ref, lo_ref, hi_ref, len_ref, o_ref, m_ref, l_ref, *,
-                  block_k, split_rows, scale, compute_dtype):
+def _split_kernel(q_ref, k_ref, v_ref, lo_ref, hi_ref, len_ref, *refs, block_k, split_rows, scale, compute_dtype,
+                  num_tail):
     # q_ref [BLOCK_M, d] (this program's tile), k_ref / v_ref [max_len, d] (this sequence and head),
     # lo_ref / hi_ref [BLOCK_M] (each row sees cache rows [lo, hi)), len_ref [] (the sequence's valid rows),
+    # with num_tail > 0: tail_ref [BLOCK_M, block_k + tail_width + block_k] int32 (tree attention: column
+    # block_k + c says whether the row sees tail row c, the cache row length - num_tail + c),
     # o_ref [BLOCK_M, d], m_ref / l_ref [BLOCK_M].
+    tail_ref, (o_ref, m_ref, l_ref) = (refs[0], refs[1:]) if num_tail else (None, refs)
     split = pl.program_id(3)
     q = plgpu.load(q_ref)
     lo, hi = plgpu.load(lo_ref), plgpu.load(hi_ref)
@@ -61,12 +68,18 @@ def _split_kernel(q_ref, k_ref, v_ref, lo_ref, hi_ref, len_ref, o_ref, m_ref, l_
     start = split * split_rows
     first = jnp.maximum(start, tile_lo) // block_k
     last = jnp.maximum(first, (jnp.minimum(start + split_rows, tile_hi) + block_k - 1) // block_k)
+    tail_start = length - num_tail
 
-    def block(index, carry):
+    def block(index, carry, *, tail):
         m, l, acc = carry
         rows = pl.ds(pl.multiple_of(index * block_k, block_k), block_k)
         cols = index * block_k + jnp.arange(block_k, dtype=jnp.int32)
         visible = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
+        if tail:  # the mask replaces the rule above on the tail rows
+            offset = index * block_k - tail_start + block_k  # in [1, tail_width + block_k): see the wrapper
+            bits = plgpu.load(tail_ref.at[:, pl.ds(offset, block_k)]) != 0
+            in_tail = (cols >= tail_start) & (cols < length)
+            visible = jnp.where(in_tail[None, :], bits, visible)
         s = jnp.where(visible, _dot(q, plgpu.load(k_ref.at[rows, :]).T, compute_dtype) * scale, _MASK_VALUE)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         p = jnp.where(visible, jnp.exp(s - m_new[:, None]), 0.0)
@@ -77,7 +90,12 @@ def _split_kernel(q_ref, k_ref, v_ref, lo_ref, hi_ref, len_ref, o_ref, m_ref, l_
 
     init = (jnp.full((BLOCK_M,), _MASK_VALUE, jnp.float32), jnp.zeros((BLOCK_M,), jnp.float32),
             jnp.zeros(q.shape, jnp.float32))
-    m, l, acc = lax.fori_loop(first, last, block, init)
+    if num_tail:  # the same blocks in the same order, the ones holding tail rows last
+        first_tail = jnp.clip(tail_start // block_k, first, last)
+        carry = lax.fori_loop(first, first_tail, functools.partial(block, tail=False), init)
+        m, l, acc = lax.fori_loop(first_tail, last, functools.partial(block, tail=True), carry)
+    else:
+        m, l, acc = lax.fori_loop(first, last, functools.partial(block, tail=False), init)
     plgpu.store(o_ref, acc)
     plgpu.store(m_ref, m)
     plgpu.store(l_ref, l)
@@ -100,10 +118,11 @@ def _merge_kernel(o_ref, m_ref, l_ref, out_ref, *, num_splits):
 
 
 @functools.partial(jax.jit, static_argnames=("window", "scale", "block_k", "split_rows", "interpret"))
-def decode_attention_invariant(q, k, v, kv_lengths, *, q_positions, window=None, scale=None, block_k=BLOCK_K,
-                               split_rows=SPLIT_ROWS, interpret=None):
+def decode_attention_invariant(q, k, v, kv_lengths, *, q_positions, tail_mask=None, window=None, scale=None,
+                               block_k=BLOCK_K, split_rows=SPLIT_ROWS, interpret=None):
     """``q [batch, num_q, num_q_heads, head_dim]``, ``k, v [batch, num_kv_heads, max_len, head_dim]``,
-    ``kv_lengths [batch]``, ``q_positions [batch, num_q]`` -> ``[batch, num_q, num_q_heads, head_dim]``.
+    ``kv_lengths [batch]``, ``q_positions [batch, num_q]``, ``tail_mask [batch, num_q, num_q]`` (optional,
+    tree attention) -> ``[batch, num_q, num_q_heads, head_dim]``.
 
     ``block_k`` and ``split_rows`` (a multiple of it) fix the reduction order: results are invariant
     only between calls with the same values (and the same ``head_dim`` and dtypes).
@@ -127,8 +146,23 @@ def decode_attention_invariant(q, k, v, kv_lengths, *, q_positions, window=None,
     lengths = jnp.clip(kv_lengths.astype(jnp.int32), 0, max_len)
     pos = q_positions.astype(jnp.int32)
     hi = jnp.clip(jnp.minimum(lengths[:, None], pos + 1), 0)  # [batch, num_q]; a query at p < 0 sees nothing
+    if tail_mask is not None:  # tail rows past a node's position may be visible: the mask decides there
+        hi = jnp.where(pos >= 0, lengths[:, None], 0)
     lo = jnp.zeros_like(hi) if window is None else jnp.clip(pos - window + 1, 0)
-    row_lo, row_hi = (jnp.pad(jnp.repeat(x, group, axis=1), ((0, 0), (0, padded - rows))) for x in (lo, hi))
+    def per_row(x):  # [batch, num_q, ...] -> [batch, padded, ...]: each query's value on its group's rows
+        return jnp.pad(jnp.repeat(x, group, axis=1), ((0, 0), (0, padded - rows)) + ((0, 0),) * (x.ndim - 2))
+
+    row_lo, row_hi = per_row(lo), per_row(hi)
+    extra_in, extra_specs = [], []
+    if tail_mask is not None:
+        # One row of bits per M-tile row: block_k zero columns, the tail's num_q columns padded to a
+        # power of two, block_k zero columns, so that a block's window of block_k columns (its offset
+        # from the tail's start + block_k) is always inside.
+        tail = _effective_tail_mask(tail_mask, pos, window).astype(jnp.int32)  # [batch, num_q, num_q]
+        tail_width = _next_pow2(max(num_q, 16))
+        tail = jnp.pad(tail, ((0, 0), (0, 0), (block_k, tail_width - num_q + block_k)))
+        extra_in.append(per_row(tail))
+        extra_specs.append(pl.BlockSpec((None, BLOCK_M, tail.shape[-1]), lambda b, h, t, s: (b, t, 0)))
     num_splits = pl.cdiv(max_len, split_rows)
     scale = head_dim**-0.5 if scale is None else scale
     compute_dtype = jnp.float32 if interpret else k.dtype  # XLA:CPU lacks some 16-bit dots; fp32 products are exact
@@ -136,14 +170,14 @@ def decode_attention_invariant(q, k, v, kv_lengths, *, q_positions, window=None,
     tile = lambda b, h, t, s: (b, h, t, 0)  # noqa: E731
     o_part, m_part, l_part = pl.pallas_call(
         functools.partial(_split_kernel, block_k=block_k, split_rows=split_rows, scale=float(scale),
-                          compute_dtype=compute_dtype),
+                          compute_dtype=compute_dtype, num_tail=0 if tail_mask is None else num_q),
         grid=(batch, num_kv_heads, padded // BLOCK_M, num_splits),
         in_specs=[pl.BlockSpec((None, None, BLOCK_M, d), tile),
                   pl.BlockSpec((None, None, cache_len, d), lambda b, h, t, s: (b, h, 0, 0)),
                   pl.BlockSpec((None, None, cache_len, d), lambda b, h, t, s: (b, h, 0, 0)),
                   pl.BlockSpec((None, BLOCK_M), lambda b, h, t, s: (b, t)),
                   pl.BlockSpec((None, BLOCK_M), lambda b, h, t, s: (b, t)),
-                  pl.BlockSpec((None,), lambda b, h, t, s: (b,))],
+                  pl.BlockSpec((None,), lambda b, h, t, s: (b,)), *extra_specs],
         out_specs=[pl.BlockSpec((None, None, None, BLOCK_M, d), lambda b, h, t, s: (b, h, s, t, 0)),
                    pl.BlockSpec((None, None, None, BLOCK_M), lambda b, h, t, s: (b, h, s, t)),
                    pl.BlockSpec((None, None, None, BLOCK_M), lambda b, h, t, s: (b, h, s, t))],
@@ -153,7 +187,7 @@ def decode_attention_invariant(q, k, v, kv_lengths, *, q_positions, window=None,
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
         interpret=interpret,
         name="invariant_attention",
-    )(q_rows, k, v, row_lo, row_hi, lengths)
+    )(q_rows, k, v, row_lo, row_hi, lengths, *extra_in)
     out = pl.pallas_call(
         functools.partial(_merge_kernel, num_splits=num_splits),
         grid=(batch, num_kv_heads, padded // BLOCK_M),

@@ -78,13 +78,41 @@ def test_attention_rows_do_not_depend_on_rows_batch_or_capacity(window):
     np.testing.assert_array_equal(attend(q, *wider, lengths, positions), every_row)  # 7 splits, the same sums
 
 
-def test_attention_query_that_sees_nothing_gets_zeros_and_trees_are_refused():
+def test_attention_query_that_sees_nothing_gets_zeros():
     q, k, v, lengths, _ = _attention_case(batch=1, num_q=2)
     out = decode_attention_invariant(q, k, v, lengths, q_positions=jnp.array([[-1, 5]]))
     np.testing.assert_array_equal(np.asarray(out[0, 0], np.float32), 0.0)
-    with pytest.raises(ValueError, match="tree"):
-        decode_attention(q, k, v, lengths, q_positions=jnp.array([[4, 5]]), tail_mask=jnp.ones((1, 2, 2), bool),
-                         impl=INVARIANT)
+
+
+def _tree_case(num_q=6, **kw):
+    """A random tree over the last ``num_q`` cache rows: node i's parent is some earlier node, it
+    sees its ancestors and itself, and sits at position base + its depth."""
+    q, k, v, lengths, _ = _attention_case(num_q=num_q, **kw)
+    rng = np.random.default_rng(0)
+    batch = q.shape[0]
+    mask = np.zeros((batch, num_q, num_q), bool)
+    depth = np.zeros((batch, num_q), np.int32)
+    for b in range(batch):
+        for i in range(num_q):
+            parent = rng.integers(0, i) if i else -1
+            mask[b, i] = mask[b, parent] if i else False
+            mask[b, i, i] = True
+            depth[b, i] = depth[b, parent] + 1 if i else 0
+    positions = jnp.asarray(lengths[:, None] - num_q + depth)
+    return q, k, v, lengths, positions, jnp.asarray(mask)
+
+
+@pytest.mark.parametrize("window", [None, 40])
+def test_tree_attention_matches_the_reference_and_rows_do_not_depend_on_the_batch_or_capacity(window):
+    q, k, v, lengths, positions, mask = _tree_case()
+    attend = lambda q, k, v, lengths, positions, mask: np.asarray(decode_attention(  # noqa: E731
+        q, k, v, lengths, q_positions=positions, tail_mask=mask, window=window, impl=INVARIANT))
+    every_row = attend(q, k, v, lengths, positions, mask)
+    reference = decode_attention_reference(q, k, v, lengths, q_positions=positions, tail_mask=mask, window=window)
+    np.testing.assert_allclose(every_row.astype(np.float32), np.asarray(reference, np.float32), atol=1e-2)
+    np.testing.assert_array_equal(attend(q[1:], k[1:], v[1:], lengths[1:], positions[1:], mask[1:]), every_row[1:])
+    wider = [jnp.pad(x, ((0, 0), (0, 0), (0, 192), (0, 0)), constant_values=jnp.nan) for x in (k, v)]
+    np.testing.assert_array_equal(attend(q, *wider, lengths, positions, mask), every_row)
 
 
 @pytest.mark.parametrize("max_len, head_dim, num_q, window", [
@@ -102,6 +130,11 @@ def test_invariant_kernels_lower_for_cuda(max_len, head_dim, num_q, window):
     text = lower_for_cuda(attend, s((2, num_q, 32, head_dim), jnp.bfloat16), cache, cache, s((2,), jnp.int32),
                           s((2, num_q), jnp.int32))
     assert triton_kernel_count(text) == 2  # the splits, then their merge
+    tree = lambda q, k, v, lengths, positions, mask: decode_attention_invariant(  # noqa: E731
+        q, k, v, lengths, q_positions=positions, tail_mask=mask, window=window, interpret=False)
+    text = lower_for_cuda(tree, s((2, num_q, 32, head_dim), jnp.bfloat16), cache, cache, s((2,), jnp.int32),
+                          s((2, num_q), jnp.int32), s((2, num_q, num_q), jnp.bool_))
+    assert triton_kernel_count(text) == 2
     text = lower_for_cuda(lambda x, w: skinny_matmul_pallas(x, w, config=invariant_config(4096, 6144), interpret=False),
                           s((100, 4096), jnp.bfloat16), s((4096, 6144), jnp.bfloat16))
     assert triton_kernel_count(text) == 1
@@ -148,6 +181,14 @@ def test_speculative_greedy_equals_plain_greedy_bitwise_in_bf16(target, name):
     result = jspec.speculative_generate(target, _drafters(target)[name], PROMPTS, 24, num_draft_tokens=3,
                                         impl=INVARIANT)
     assert result.tokens == plain
+
+
+def test_tree_speculative_greedy_equals_plain_greedy_bitwise_in_bf16(target):
+    plain = jspec.generate(target, PROMPTS, 16, impl=INVARIANT)
+    for drafter in (DraftModel(target, impl=INVARIANT), _drafters(target)["draft-model"]):  # self: every draft right
+        result = jspec.speculative_generate(target, drafter, PROMPTS, 16, num_draft_tokens=5, topk=2, depth=3,
+                                            impl=INVARIANT)
+        assert result.tokens == plain
 
 
 def test_a_heads_drafts_do_not_depend_on_the_batch(target):
