@@ -1,8 +1,8 @@
 """invariant: is speculative greedy output plain greedy output, token for token, at real shapes?
 
 For every target x drafter x ``--impl`` x batch: ``jspec.generate`` (plain greedy) and
-``jspec.speculative_generate`` (greedy, chains of ``--k`` drafts) on the same ragged batch of
-random prompts, with the same ``impl`` for the target and the drafter. Under ``impl="invariant"``
+``jspec.speculative_generate`` (greedy, chains of ``--k`` drafts, or ``--tree`` draft trees) on the
+same ragged batch of random prompts, with the same ``impl`` for the target and the drafter. Under ``impl="invariant"``
 (batch-invariant kernels: a row's result does not depend on the rows computed with it) the two must
 agree bitwise in bf16; the ``auto`` rows show the drift that the mode removes (a verify over k+1
 rows rounds differently from a one-row decode step, and near-tied logits flip).
@@ -34,7 +34,7 @@ import numpy as np
 
 import jspec
 from jspec.bench import report
-from jspec.bench.flags import common, impl_choice, subcommand
+from jspec.bench.flags import common, impl_choice, subcommand, tree_arg
 from jspec.bench.presets import PRESETS, confident, is_tiny, load_target, random_prompts, weights_note
 from jspec.bench.spec import DRAFTERS, make_drafter
 from jspec.bench.timing import time_fn
@@ -80,13 +80,16 @@ def timed_call(fn, repeats: int):
 
 def measure(target, drafter, prompts, plain, args, impl, self_draft: bool) -> dict:
     """One row's figures: speculative greedy generation against the given plain greedy tokens."""
+    tree = args.tree
+    shape = dict(num_draft_tokens=args.k) if tree is None else dict(
+        num_draft_tokens=tree.num_nodes, topk=tree.topk, depth=tree.depth)
     result, spec_s, warm = timed_call(lambda: jspec.speculative_generate(
-        target, drafter, prompts, args.new_tokens, num_draft_tokens=args.k, impl=impl), args.repeats)
+        target, drafter, prompts, args.new_tokens, impl=impl, **shape), args.repeats)
     rounds, accepted = result.stats["rounds"], result.stats["accepted"]
     row = compare(plain, result.tokens)
     row.update(mean_acceptance_length=float((accepted.sum() + rounds.sum()) / max(rounds.sum(), 1)), spec_s=spec_s)
-    if self_draft:  # every round accepts all k drafts; only a sequence's last round may be cut short
-        row["all_drafts_accepted"] = bool((accepted >= args.k * (rounds - 1)).all())
+    if self_draft:  # every round accepts all k drafts (a tree: its depth); only a sequence's last may be cut short
+        row["all_drafts_accepted"] = bool((accepted >= (args.k if tree is None else tree.depth) * (rounds - 1)).all())
     if warm is not None:
         row["timings"] = dict(spec=warm.as_dict("s"))
     return row
@@ -120,6 +123,8 @@ def rows_of_target(name, args, write) -> None:
                 tokens, plain_s, plain_warm = plain[batch]
                 row = dict(measure="invariant", target=name, drafter=kind,
                            **({"draft": draft} if kind == "draft-model" else {}), impl=impl, batch=batch, k=args.k,
+                           **({} if args.tree is None else dict(topk=args.tree.topk, depth=args.tree.depth,
+                                                                 nodes=args.tree.num_nodes)),
                            new_tokens=args.new_tokens, prompt_lengths=[len(p) for p in prompts[batch]],
                            **measure(target, drafter, prompts[batch], tokens, args, impl, kind == "self"),
                            plain_s=plain_s)
@@ -183,6 +188,8 @@ def register(subparsers):
     s.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     s.add_argument("--new-tokens", type=int, default=256)
     s.add_argument("--k", type=int, default=4, help="drafts per round (a chain)")
+    s.add_argument("--tree", type=tree_arg, default=None, metavar="TOPK:DEPTH:NODES",
+                   help="draft trees instead of chains, e.g. 2:4:8")
     s.add_argument("--impl", nargs="+", default=["invariant", "auto"], type=impl_choice,
                    help="kernel modes to compare, target and drafter alike")
     s.add_argument("--context", type=int, default=128, help="the longest prompt's length")
