@@ -138,9 +138,11 @@ def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repea
                 row["profiles"] = profiles
         rows.append(row)
         label = f"k={k}" if tree is None else f"tree topk={tree.topk} depth={tree.depth} nodes={k}"
+        bound = row.get("roofline_ratio")
         tqdm.write(f"b={batch} {label}: round {round_s * 1e3:.3f} ms = {round_s / decode_s:.2f}x decode step "
-                   f"({decode_s * 1e3:.3f} ms)" + (f"; propose {row['propose_ms']:.3f} ms, verify "
-                                                   f"{row['verify_ms']:.3f} ms" if "propose_ms" in row else ""))
+                   f"({decode_s * 1e3:.3f} ms)" + (f", bound {bound:.2f}x" if bound else "")
+                   + (f"; propose {row['propose_ms']:.3f} ms, verify {row['verify_ms']:.3f} ms"
+                      if "propose_ms" in row else ""))
     return rows
 
 
@@ -197,8 +199,11 @@ def end_to_end(target, drafter, batch, args, tags) -> list[dict]:
                 timings={"spec_1_token": s1.as_dict(), f"spec_{n}_tokens": sn.as_dict(),
                          "plain_1_token": t1.as_dict(), f"plain_{n}_tokens": tn.as_dict()},
             ))
+            last = rows[-1]
             tqdm.write(f"b={batch} alpha={alpha} k={k}: {spec_tps:.1f} tok/s vs plain {plain_tps:.1f} "
-                       f"({spec_tps / plain_tps:.2f}x), acceptance length {rows[-1]['mean_acceptance_length']:.2f}")
+                       f"({spec_tps / plain_tps:.2f}x), acceptance length {last['mean_acceptance_length']:.2f}, "
+                       f"a round {last['round_over_step_in_loop']:.2f}x a step in the loop"
+                       + (f" (bound {last['roofline_ratio']:.2f}x)" if last["roofline_ratio"] else ""))
     return rows
 
 
