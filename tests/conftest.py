@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import gc
+
 import jax
 import pytest
 
 from tests import hf_oracle
 
 jax.config.update("jax_platforms", "cpu")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs():
+    """Drop every compiled program after each test module. One xdist worker compiles thousands of
+    programs, and XLA:CPU maps each one's code into memory: past the kernel's limit on mappings
+    per process (vm.max_map_count, 65530) the next compile aborts the worker."""
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")
