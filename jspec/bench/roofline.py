@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec.bench.timing import Timing, cuda_event_times, time_fn
+from jspec.drafters import DraftModel, Eagle3, NGram
 from jspec.models import AnyModel as Model
 from jspec.models import gemma4
 from jspec.models.llama import LlamaConfig
@@ -50,17 +51,20 @@ def copy_bandwidth(num_bytes: int = 2 << 30, *, repeats: int = 10) -> dict:
             "all_methods": rates, "timings": {name: t.as_dict() for name, t in timings.items()}}
 
 
+def _nbytes(tree) -> int:
+    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+
 def weight_bytes_per_step(model: Model) -> int:
     """Parameter bytes one decode step must read: everything but the embedding tables,
     of which only the looked-up rows are touched (unless one doubles as the LM head).
     Gemma 4's per-layer-embedding table is such a lookup table too."""
-    leaves = jax.tree.leaves(model)
-    total = sum(x.size * x.dtype.itemsize for x in leaves)
+    total = _nbytes(model)
     if model.lm_head is not None:
-        total -= model.embed.size * model.embed.dtype.itemsize
+        total -= _nbytes(model.embed)
     if isinstance(model, gemma4.Model) and model.ple is not None:
-        total -= model.ple.embed.size * model.ple.embed.dtype.itemsize
-    return int(total)
+        total -= _nbytes(model.ple.embed)
+    return total
 
 
 def kv_bytes_per_step(model: Model, batch: int, context: int) -> int:
@@ -82,10 +86,6 @@ def kv_bytes_per_step(model: Model, batch: int, context: int) -> int:
     return int(total)
 
 
-def _nbytes(tree) -> int:
-    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
-
-
 def draft_bytes_per_round(drafter, num_draft_tokens: int) -> int | None:
     """Parameter bytes a drafter must read in one chain round of ``num_draft_tokens`` drafts
     (propose and commit), or None for a drafter this does not model (MTP, the Gemma 4 assistant).
@@ -95,8 +95,6 @@ def draft_bytes_per_round(drafter, num_draft_tokens: int) -> int | None:
     * EAGLE-3 head: per draft one LM head (over the draft vocabulary) and one decoder layer (k - 1
       layers in the propose scan, one in the commit's catch-up), and ``fc`` once, in the commit.
     """
-    from jspec.drafters import DraftModel, Eagle3, NGram
-
     if isinstance(drafter, NGram):
         return 0
     if isinstance(drafter, DraftModel):
