@@ -106,29 +106,48 @@ def default_config(m: int, k: int, n: int, itemsize: int = 2) -> SkinnyConfig:
     rule that won the sweep at M = 1 on every swept shape: 128 x 128 tiles, split-K up to
     >= 1.5 waves of programs (keeping >= 2 K steps per program), 4 warps, 4 stages."""
     tuned = _TUNED.get((k, n), {}).get(_m_bucket(m)) if itemsize == 2 else None
-    if tuned is not None:
-        return SkinnyConfig(*tuned[0])
+    return SkinnyConfig(*tuned[0]) if tuned is not None else _rule_config(k, n, itemsize)
+
+
+def _rule_config(k: int, n: int, itemsize: int) -> SkinnyConfig:
     block_n = min(128, _pow2_at_least(n, 16))
     block_k = min(128 if itemsize <= 2 else 64, _pow2_at_least(k, 16))
     tiles = pl.cdiv(n, block_n)
     split_k = 1
     while tiles * split_k < 1.5 * _NUM_SMS and pl.cdiv(k, 2 * split_k) >= 2 * block_k:
         split_k *= 2
-    return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split_k,
-                        num_warps=4, num_stages=4)
+    return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=4, num_stages=4)
 
 
-def invariant_config(k: int, n: int, itemsize: int = 2) -> SkinnyConfig:
-    """A tiling that depends on the weight's shape only, never on the rows: the one-row tiling
-    (:func:`default_config` at M = 1) in M tiles of :data:`INVARIANT_BLOCK_M` rows, its split-K
-    partials added in split order. Each row's result is then the same sum in the same order whether
-    it is computed alone, among verify rows, in a batch or in a prefill (``impl="invariant"``).
+# Invariant tilings that beat the one-row tiling in 64-row tiles (H100, GPU time at M = 16 and
+# M = 1, ``benchmarks/invariant_matmul_sweep_h100.json``): Llama-3.2-1B's qkv 0.0101 vs 0.0134 ms,
+# o 0.0080 vs 0.0084. (block_n, block_k, split_k, num_warps, num_stages) as in ``_TUNED``.
+_INVARIANT_TUNED = {
+    (2048, 3072): (128, 64, 4, 4, 4),
+    (2048, 2048): (64, 128, 4, 4, 4),
+}
+
+
+def invariant_config(k: int, n: int, itemsize: int = 2, *, w_transposed: bool = False) -> SkinnyConfig:
+    """A tiling that depends on the weight's shape only, never on the rows: M tiles of
+    :data:`INVARIANT_BLOCK_M` rows, split-K partials added in split order. Each row's result is then
+    the same sum in the same order whether it is computed alone, among verify rows, in a batch or in
+    a prefill (``impl="invariant"``).
 
     64-row tiles rather than 16: H100, Llama-3.1-8B shapes, the decode step's kernels 6.16 against
     6.47 ms (``auto`` 6.03) and a batch of 16 verifying 4 drafts (80 rows: two tiles, not five)
     11.8 ms, tied with ``auto``'s cuBLAS GEMMs (11.9), where 16-row tiles took 1.8x ``auto``
-    (``benchmarks/decode_h100_invariant_*.json``)."""
-    return dataclasses.replace(default_config(1, k, n, itemsize), block_m=INVARIANT_BLOCK_M, ordered_splits=True)
+    (``benchmarks/decode_h100_invariant_*.json``). Within the tiles: the swept invariant tilings, else
+    the one-row tiling (:func:`default_config` at M = 1) for w [K, N]; a w [N, K] (a tied LM head read
+    as stored) reads rows of K, so it takes the untuned rule's 128 x 128 tiles, not the narrow K steps
+    tuned for the [K, N] layout (1B's tied head: 0.18 vs 0.26 ms, XLA's dot 0.18)."""
+    if w_transposed:
+        config = _rule_config(k, n, itemsize)
+    elif itemsize == 2 and (k, n) in _INVARIANT_TUNED:
+        config = SkinnyConfig(*_INVARIANT_TUNED[(k, n)])
+    else:
+        config = default_config(1, k, n, itemsize)
+    return dataclasses.replace(config, block_m=INVARIANT_BLOCK_M, ordered_splits=True)
 
 
 def _pow2_at_least(v: int, lo: int) -> int:
@@ -282,7 +301,8 @@ def skinny_matmul(x, w, *, impl="auto", w_transposed=False):
     k, n = w.shape[::-1] if w_transposed else w.shape
     if impl == "invariant":
         itemsize = jnp.dtype(jnp.promote_types(x.dtype, w.dtype)).itemsize
-        return skinny_matmul_pallas(x, w, config=invariant_config(k, n, itemsize), w_transposed=w_transposed)
+        config = invariant_config(k, n, itemsize, w_transposed=w_transposed)
+        return skinny_matmul_pallas(x, w, config=config, w_transposed=w_transposed)
     if impl == "pallas":
         if m > MAX_M:
             raise ValueError(

@@ -41,7 +41,7 @@ def target():
 def test_matmul_rows_do_not_depend_on_the_rows_beside_them(dtype, k, n, w_transposed):
     """Also with split-K (1024 x 64: the one-row tiling splits K in 4 (bf16) / 8 (fp32)), and for a
     weight stored [N, K] (a tied LM head reading the embedding table as stored)."""
-    assert (invariant_config(k, n, jnp.dtype(dtype).itemsize).split_k > 1) == (k == 1024)
+    assert (invariant_config(k, n, jnp.dtype(dtype).itemsize, w_transposed=w_transposed).split_k > 1) == (k == 1024)
     x = jax.random.normal(jax.random.key(0), (37, k), dtype)
     w = jax.random.normal(jax.random.key(1), (k, n), dtype)
     stored = w.T if w_transposed else w
@@ -139,7 +139,7 @@ def test_invariant_kernels_lower_for_cuda(max_len, head_dim, num_q, window):
                           s((100, 4096), jnp.bfloat16), s((4096, 6144), jnp.bfloat16))
     assert triton_kernel_count(text) == 1
     tied_head = lambda x, embed: skinny_matmul_pallas(  # noqa: E731
-        x, embed, config=invariant_config(2048, 128256), interpret=False, w_transposed=True)
+        x, embed, config=invariant_config(2048, 128256, w_transposed=True), interpret=False, w_transposed=True)
     text = lower_for_cuda(tied_head, s((5, 2048), jnp.bfloat16), s((128256, 2048), jnp.bfloat16))
     assert triton_kernel_count(text) == 1 and "transpose" not in text.split("tt.func")[0]  # no copy of the table
 
