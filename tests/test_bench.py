@@ -92,6 +92,48 @@ def test_spec_tiny_controlled_acceptance_accepts_everything_at_alpha_1(tmp_path)
     assert out.with_suffix(".png").exists()
 
 
+def test_spec_tiny_end_to_end_at_the_policys_k(tmp_path, monkeypatch):
+    """``--k-end-to-end policy``: the k jspec.policy picks from the run's own round rows for a static
+    batch of --new-tokens; where it picks 0 (forced at alpha 0 here: on a CPU a tiny round may cost
+    less than a step) the row is plain decoding, speed-up 1, beside the rows of a given k."""
+    from jspec.bench import spec
+    from jspec.policy import choose_for_batch
+
+    def plain_at_alpha_0(costs_by_batch, batch, alpha, **kwargs):
+        return 0 if alpha == 0.0 else choose_for_batch(costs_by_batch, batch, alpha, **kwargs)
+
+    monkeypatch.setattr(spec, "choose_for_batch", plain_at_alpha_0)
+    out = tmp_path / "spec.json"
+    _bench("spec", "--tiny", "--out", out, "--drafter", "eagle3", "--stages-k", "--alpha", "0", "0.8",
+           "--k-end-to-end", "2", "policy")
+    rows = {(r["alpha"], r["k_source"]): r for r in report.rows(_result(out), "end_to_end")}
+    assert set(rows) == {(alpha, source) for alpha in (0.0, 0.8) for source in ("given", "policy")}
+    assert rows[0.0, "given"]["k"] == rows[0.8, "given"]["k"] == 2
+    chosen = rows[0.8, "policy"]
+    assert chosen["k"] == choose_for_batch(round_costs_from_benchmark(out), 1, 0.8, new_tokens=28)
+    assert ("spec_1_token" in chosen["timings"]) == (chosen["k"] > 0)  # speculative only at k >= 1
+    plain = rows[0.0, "policy"]
+    assert (plain["k"], plain["speedup"], plain["mean_acceptance_length"]) == (0, 1.0, 1.0)
+    assert plain["spec_tokens_per_s"] == plain["plain_tokens_per_s"]
+    assert set(plain["timings"]) == {"plain_1_token", "plain_28_tokens"}
+    assert out.with_suffix(".png").exists()
+
+
+def test_spec_policy_needs_round_costs_and_a_controlled_alpha(tmp_path, monkeypatch):
+    """``policy`` beside numbers in --k-end-to-end; without --k values or at --alpha -1 the policy
+    has nothing to choose from: a ValueError before any model is made."""
+    from jspec.bench import spec
+
+    args = cli.parser().parse_args(["spec", "--out", "x", "--k-end-to-end", "4", "policy"])
+    assert args.k_end_to_end == [4, "policy"]
+    monkeypatch.setattr(spec, "load_target", lambda *args, **kwargs: pytest.fail("a model was made"))
+    out = tmp_path / "spec.json"
+    with pytest.raises(ValueError, match="give --k"):
+        _bench("spec", "--tiny", "--out", out, "--k", "--k-end-to-end", "policy")
+    with pytest.raises(ValueError, match="controlled alpha"):
+        _bench("spec", "--tiny", "--out", out, "--k-end-to-end", "policy", "--alpha", "-1")
+
+
 def test_compile_tiny(tmp_path):
     out = tmp_path / "compile.json"
     _bench("compile", "--tiny", "--out", out)

@@ -31,9 +31,18 @@ def spec(result, path):
     a1.set_xlabel("draft tokens k")
     a1.set_ylabel("round time / plain decode step")
     a1.set_title(f"{first.get('target')} + {first.get('drafter')}: round cost")
-    for k in sorted({r["k"] for r in e2e}):
-        rs = [r for r in e2e if r["k"] == k]
+    given = [r for r in e2e if r.get("k_source", "given") == "given"]  # files before k_source: all given
+    for k in sorted({r["k"] for r in given}):
+        rs = [r for r in given if r["k"] == k]
         a2.plot([r["mean_acceptance_length"] for r in rs], [r["speedup"] for r in rs], "o-", label=f"k={k}")
+    chosen = [r for r in e2e if r.get("k_source") == "policy"]
+    for batch in sorted({r["batch"] for r in chosen}):  # a line per batch, each point marked with its k
+        rs = [r for r in chosen if r["batch"] == batch]
+        a2.plot([r["mean_acceptance_length"] for r in rs], [r["speedup"] for r in rs], "s--",
+                label=f"policy's k, batch {batch}")
+        for r in rs:
+            a2.annotate(f"k={r['k']}", (r["mean_acceptance_length"], r["speedup"]), fontsize=7,
+                        textcoords="offset points", xytext=(4, 4))
     a2.axhline(1.0, color="grey", lw=0.8)
     a2.set_xlabel("mean acceptance length (tokens per verify)")
     a2.set_ylabel("speed-up over plain decode")

@@ -13,7 +13,10 @@
   ``alpha`` (:class:`jspec.bench.controlled.ControlledAcceptance`; ``--alpha -1``: greedy
   verification, the drafter's own acceptance). ``round_over_step_in_loop`` = acceptance length /
   speed-up: a round against a plain step, both inside their on-device loops; the best speed-up
-  the bandwidth allows is acceptance length / ``roofline_ratio``.
+  the bandwidth allows is acceptance length / ``roofline_ratio``. ``--k-end-to-end policy``: at
+  each batch and alpha, the k that ``jspec.policy`` picks from this run's round rows at that batch
+  for a static batch of ``--new-tokens`` each (straggler-corrected; ``k_source`` "policy", else
+  "given"); a k of 0 is plain decoding, recorded as such (speed-up 1, no speculative timings).
 * ``policy`` rows: the k that ``jspec.policy`` picks from the measured round costs.
 * ``--hf``: HF transformers on the same shapes (``hf_peer`` / ``hf_ratio`` rows).
 
@@ -21,6 +24,7 @@ Preset targets get :func:`jspec.bench.presets.confident` weights (a drafter's ow
 self-drafting at ``--alpha -1``, then survives bf16 rounding). Writes ``--out`` and a PNG.
 
   python -m jspec.bench spec --out spec.json --target llama-3.1-8b --drafter eagle3 --k 2 4
+  python -m jspec.bench spec --out spec.json --drafter eagle3 --k 1 2 4 --k-end-to-end policy --alpha 0.6 0.8
 """
 
 from __future__ import annotations
@@ -47,6 +51,38 @@ from jspec.policy import choose_for_batch, round_costs_by_batch
 
 DRAFTERS = ("draft-model", "self", "ngram", "eagle3", "mtp")
 NO_LIMIT = 1 << 30  # max_new_tokens of a timed round: never reached
+POLICY = "policy"  # --k-end-to-end: the k jspec.policy picks from this run's round costs
+
+
+def k_or_policy(text: str) -> int | str:
+    """argparse type of ``--k-end-to-end``: a number of draft tokens, or the word ``policy``."""
+    return POLICY if text == POLICY else int(text)
+
+
+def check_policy_args(args) -> None:
+    """``--k-end-to-end policy`` chooses among ``--k`` from their round costs at a controlled alpha:
+    a ``ValueError`` (before anything is loaded or compiled) where there is nothing to choose from."""
+    if POLICY not in args.k_end_to_end:
+        return
+    if not args.k:
+        raise ValueError("--k-end-to-end policy chooses k from this run's round costs: give --k at least one value")
+    if not all(0.0 <= alpha <= 1.0 for alpha in args.alpha):
+        raise ValueError(f"--k-end-to-end policy chooses k for a controlled alpha in [0, 1], got --alpha {args.alpha}")
+
+
+def end_to_end_k_max(args) -> int:
+    """The largest k an end-to-end run may take: the given ones and, for ``policy``, any of ``--k``."""
+    given = [k for k in args.k_end_to_end if k != POLICY]
+    return max(given + (args.k if POLICY in args.k_end_to_end else []))
+
+
+def end_to_end_ks(args, round_rows, batch, alpha) -> list[tuple[str, int]]:
+    """``(k_source, k)`` for each entry of ``--k-end-to-end``: a number as "given"; ``policy`` as the
+    k (0: plain decoding) jspec.policy picks from ``round_rows`` at ``batch`` and ``alpha`` for a static
+    batch of ``args.new_tokens`` each."""
+    costs = round_costs_by_batch(round_rows)
+    return [("policy", choose_for_batch(costs, batch, alpha, new_tokens=args.new_tokens)) if k == POLICY
+            else ("given", k) for k in args.k_end_to_end]
 
 
 def eagle3_drafter(target, dtype, key, impl="auto") -> Eagle3:
@@ -163,21 +199,33 @@ def stage_times(target, drafter, state, k, *, impl, repeats, tree=None):
                 verify=time_fn(verify, repeats=repeats))
 
 
-def end_to_end(target, drafter, batch, args, tags) -> list[dict]:
-    """tokens/s of speculative_generate's on-device loop vs generate's, at controlled acceptance."""
+def end_to_end(target, drafter, batch, args, tags, round_rows=()) -> list[dict]:
+    """tokens/s of speculative_generate's on-device loop vs generate's, at controlled acceptance, for
+    each k of ``args.k_end_to_end`` (``policy``: chosen from ``round_rows``, this run's round rows at
+    ``batch``; see :func:`end_to_end_ks`). At k = 0 one decodes plainly: the row has the plain speed."""
     n, context, vocab = args.new_tokens, args.context, target.config.vocab_size
+    ks_by_alpha = {alpha: end_to_end_ks(args, round_rows, batch, alpha) for alpha in args.alpha}
     plain, width = decode.plain_loop(target, batch, context, n, args.impl, seed=1)
     t1, tn = time_fn(lambda: plain(1), repeats=args.repeats), time_fn(lambda: plain(n), repeats=args.repeats)
     plain_tps = batch * (n - 1) / (tn.median_s - t1.median_s)
-    k_max = max(args.k_end_to_end)
+    plain_timings = {"plain_1_token": t1.as_dict(), f"plain_{n}_tokens": tn.as_dict()}
     prompts = random_prompts(batch, context, vocab, 1)
     lengths = jnp.full((batch,), context, jnp.int32)
-    capacity = engine.cache_length(context, context + width + k_max + 1)
+    capacity = engine.cache_length(context, context + width + end_to_end_k_max(args) + 1)
     rows = []
     for alpha in tqdm(args.alpha, desc="alpha"):
         # alpha < 0: the drafter's own acceptance under greedy verification (e.g. --drafter self)
         acceptance = None if alpha < 0 else ControlledAcceptance(jnp.float32(alpha))
-        for k in args.k_end_to_end:
+        for k_source, k in ks_by_alpha[alpha]:
+            row = dict(measure="end_to_end", **tags, batch=batch, alpha=alpha, k=k, k_source=k_source, new_tokens=n,
+                       acceptance_method=ACCEPTANCE_METHOD if alpha >= 0 else "the drafter's own, greedy verification",
+                       expected_acceptance_length=None if alpha < 0 else expected_acceptance_length(alpha, k))
+            label = f"b={batch} alpha={alpha} " + ("policy " if k_source == "policy" else "") + f"k={k}"
+            if k == 0:
+                rows.append(dict(row, mean_acceptance_length=1.0, spec_tokens_per_s=plain_tps,
+                                 plain_tokens_per_s=plain_tps, speedup=1.0, timings=plain_timings))
+                tqdm.write(f"{label}: plain decoding, {plain_tps:.1f} tok/s")
+                continue
             spec = lambda m, k=k: speculative.speculative_on_device(  # noqa: E731
                 target, drafter, prompts, lengths, jax.random.key(0), jnp.int32(m), params=GREEDY, eos_ids=(),
                 num_draft_tokens=k, capacity=capacity, max_len=capacity, impl=args.impl, acceptance=acceptance,
@@ -187,20 +235,16 @@ def end_to_end(target, drafter, batch, args, tags) -> list[dict]:
             spec_tps = batch * (n - 1) / (sn.median_s - s1.median_s)
             rounds, accepted = np.asarray(rounds).sum(), np.asarray(accepted).sum()
             rows.append(dict(
-                measure="end_to_end", **tags, batch=batch, alpha=alpha, k=k, new_tokens=n,
-                acceptance_method=ACCEPTANCE_METHOD if alpha >= 0 else "the drafter's own, greedy verification",
-                mean_acceptance_length=float((accepted + rounds) / max(rounds, 1)),
-                expected_acceptance_length=None if alpha < 0 else expected_acceptance_length(alpha, k),
+                row, mean_acceptance_length=float((accepted + rounds) / max(rounds, 1)),
                 spec_tokens_per_s=spec_tps, plain_tokens_per_s=plain_tps,
                 speedup=spec_tps / plain_tps,
                 # A round in the loop against a plain step in the loop: (tokens per round) / speed-up.
                 round_over_step_in_loop=float((accepted + rounds) / max(rounds, 1)) * plain_tps / spec_tps,
                 roofline_ratio=round_roofline_ratio(target, drafter, k, batch, context),
-                timings={"spec_1_token": s1.as_dict(), f"spec_{n}_tokens": sn.as_dict(),
-                         "plain_1_token": t1.as_dict(), f"plain_{n}_tokens": tn.as_dict()},
+                timings={"spec_1_token": s1.as_dict(), f"spec_{n}_tokens": sn.as_dict(), **plain_timings},
             ))
             last = rows[-1]
-            tqdm.write(f"b={batch} alpha={alpha} k={k}: {spec_tps:.1f} tok/s vs plain {plain_tps:.1f} "
+            tqdm.write(f"{label}: {spec_tps:.1f} tok/s vs plain {plain_tps:.1f} "
                        f"({spec_tps / plain_tps:.2f}x), acceptance length {last['mean_acceptance_length']:.2f}, "
                        f"a round {last['round_over_step_in_loop']:.2f}x a step in the loop"
                        + (f" (bound {last['roofline_ratio']:.2f}x)" if last["roofline_ratio"] else ""))
@@ -222,9 +266,10 @@ def hf_rows(target, drafter, end_to_end_rows, args, env) -> list[dict]:
     from jspec.bench import hf_peer
 
     draft_config = drafter.model.config if isinstance(drafter, DraftModel) else None
+    k = end_to_end_k_max(args)
     prompt = np.asarray(random_prompts(1, args.context, target.config.vocab_size, 1)).tolist()
     versions, peers = hf_peer.peer_results(target.config, draft_config, prompt, new_tokens=args.new_tokens,
-                                           k=max(args.k_end_to_end), repeats=max(2, args.repeats // 3), seed=args.seed)
+                                           k=k, repeats=max(2, args.repeats // 3), seed=args.seed)
     env.update(versions)
     tps = {row["variant"]: row.get("tokens_per_s") for row in peers}
     ours = [r for r in end_to_end_rows if r["batch"] == 1]
@@ -234,7 +279,7 @@ def hf_rows(target, drafter, end_to_end_rows, args, env) -> list[dict]:
     if ours and tps.get("static_cache_compiled"):
         ratios["plain_jspec_over_hf_static_compiled"] = ours[0]["plain_tokens_per_s"] / tps["static_cache_compiled"]
     # Random weights: HF's draft model accepts ~nothing, matched by controlled acceptance at alpha = 0.
-    zero = [r for r in ours if r["alpha"] == 0.0]
+    zero = [r for r in ours if r["alpha"] == 0.0 and r["k"] == k]
     if zero and tps.get("assisted_draft_model"):
         ratios["spec_alpha0_jspec_over_hf_assisted_draft"] = zero[0]["spec_tokens_per_s"] / tps["assisted_draft_model"]
     tqdm.write(f"HF peer: {tps}\nratios: {ratios}")
@@ -242,6 +287,7 @@ def hf_rows(target, drafter, end_to_end_rows, args, env) -> list[dict]:
 
 
 def run(args):
+    check_policy_args(args)
     dtype = jnp.dtype(args.dtype)
     mesh = mesh_of(args.tp)
     target = load_target(args.target, dtype, args.seed, mesh)
@@ -258,11 +304,12 @@ def run(args):
     rows = []
     for batch in args.batch:
         capacity = engine.cache_length(args.context, args.context + 64 + (args.repeats + 8) * (max(args.k + [1]) + 1))
-        rows += measure_rounds(target, drafter, batch, args.context, args.k, capacity=capacity, impl=args.impl,
-                               repeats=args.repeats, stages_k=args.stages_k, compile_threads=args.compile_threads,
-                               tags=tags)
+        round_rows = measure_rounds(target, drafter, batch, args.context, args.k, capacity=capacity,
+                                    impl=args.impl, repeats=args.repeats, stages_k=args.stages_k,
+                                    compile_threads=args.compile_threads, tags=tags)
+        rows += round_rows
         if args.alpha:
-            rows += end_to_end(target, drafter, batch, args, tags)
+            rows += end_to_end(target, drafter, batch, args, tags, round_rows)
     rounds = [row for row in rows if row["measure"] == "round"]
     if rounds:
         rows += policy_rows(rounds, args.new_tokens)
@@ -291,7 +338,10 @@ def register(subparsers):
     s.add_argument("--context", type=int, default=512)
     s.add_argument("--k", type=int, nargs="*", default=list(range(1, 9)), help="k values for round timing")
     s.add_argument("--stages-k", type=int, nargs="*", default=[4], help="k values whose stages are timed alone")
-    s.add_argument("--k-end-to-end", type=int, nargs="+", default=[4])
+    s.add_argument("--k-end-to-end", type=k_or_policy, nargs="+", default=[4],
+                   help="k values for the end-to-end runs (0: plain decoding), or 'policy': at each batch and "
+                        "alpha the k jspec.policy picks from this run's round costs (--k) for a static batch of "
+                        "--new-tokens each, 0 meaning plain decoding (e.g. --k-end-to-end 4 policy)")
     s.add_argument("--alpha", type=float, nargs="*", default=[0.0, 0.6, 0.8, 0.9, 1.0],
                    help="controlled per-draft acceptance rates for the end-to-end runs (none: skip them; -1: "
                         "greedy verification, the drafter's own acceptance)")
