@@ -15,9 +15,13 @@ Same shapes and visibility rule as :mod:`pallas_kernels.decode_attention`, tree 
   and the splits' partials are merged one after another in split order by a second kernel; a
   split a row sees nothing of (e.g. past the length, however large the cache) is an exact no-op
   in that merge;
-* a tree's tail mask only decides which of the last ``num_q`` cache rows a row sees: the blocks
-  that hold tail rows run after the others in the same ascending order, their visibility read
-  from the mask.
+* a tree (``tail_mask``) is read as the chain each of its rows is on: a node at depth ``d`` sees
+  the prefix and then its ancestors and itself, which the kernel reads at the positions a chain
+  would have written them to (the prefix's end + 0..d), gathered from their tree slots. Blocks,
+  splits and dots then hold the same values in the same places as in the chain's verify pass and
+  in plain decoding, so a tree verifies bitwise as they decode. (Reading the ancestors where the
+  tree put them, with the others masked, adds the same products in another grouping inside the
+  tensor-core dot: on an H100 a self-drafted tree then diverged from plain greedy decoding.)
 
 The price against :mod:`pallas_kernels.flash_decoding` (which balances a ragged batch's blocks over
 its programs and merges in chunks): no stream-K, and more programs per short sequence.
@@ -34,7 +38,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._dispatch import interpret_mode
-from pallas_kernels.flash_decoding import _effective_tail_mask
 from pallas_kernels.split_kv import _MASK_VALUE, _next_pow2
 
 BLOCK_M = 16  # rows of every M tile: the smallest 16-bit tensor-core dot
@@ -51,14 +54,13 @@ def _dot(a, b, dtype):
 
 
 def _split_kernel(q_ref, k_ref, v_ref, lo_ref, hi_ref, len_ref, *refs, block_k, split_rows, scale, compute_dtype,
-                  num_tail):
+                  num_tail, group):
     # q_ref [BLOCK_M, d] (this program's tile), k_ref / v_ref [max_len, d] (this sequence and head),
     # lo_ref / hi_ref [BLOCK_M] (each row sees cache rows [lo, hi)), len_ref [] (the sequence's valid rows),
-    # with num_tail > 0: tail_ref [BLOCK_M, block_k + tail_width + block_k] int32 (tree attention: column
-    # block_k + c says whether the row sees tail row c, the cache row length - num_tail + c),
-    # o_ref [BLOCK_M, d], m_ref / l_ref [BLOCK_M].
-    tail_ref, (o_ref, m_ref, l_ref) = (refs[0], refs[1:]) if num_tail else (None, refs)
-    split = pl.program_id(3)
+    # with num_tail > 0 (a tree): k_path_ref / v_path_ref [num_tail, path_width, d], query i's chain from
+    # the block holding the tail's start (see the wrapper), o_ref [BLOCK_M, d], m_ref / l_ref [BLOCK_M].
+    (k_path_ref, v_path_ref), (o_ref, m_ref, l_ref) = (refs[:2], refs[2:]) if num_tail else ((None, None), refs)
+    tile, split = pl.program_id(2), pl.program_id(3)
     q = plgpu.load(q_ref)
     lo, hi = plgpu.load(lo_ref), plgpu.load(hi_ref)
     length = len_ref[...]
@@ -68,30 +70,44 @@ def _split_kernel(q_ref, k_ref, v_ref, lo_ref, hi_ref, len_ref, *refs, block_k, 
     start = split * split_rows
     first = jnp.maximum(start, tile_lo) // block_k
     last = jnp.maximum(first, (jnp.minimum(start + split_rows, tile_hi) + block_k - 1) // block_k)
-    tail_start = length - num_tail
+    first_path_block = (length - num_tail) // block_k
 
     def block(index, carry, *, tail):
         m, l, acc = carry
         rows = pl.ds(pl.multiple_of(index * block_k, block_k), block_k)
         cols = index * block_k + jnp.arange(block_k, dtype=jnp.int32)
         visible = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
-        if tail:  # the mask replaces the rule above on the tail rows
-            offset = index * block_k - tail_start + block_k  # in [1, tail_width + block_k): see the wrapper
-            bits = plgpu.load(tail_ref.at[:, pl.ds(offset, block_k)]) != 0
-            in_tail = (cols >= tail_start) & (cols < length)
-            visible = jnp.where(in_tail[None, :], bits, visible)
-        s = jnp.where(visible, _dot(q, plgpu.load(k_ref.at[rows, :]).T, compute_dtype) * scale, _MASK_VALUE)
+        if tail:  # each query's own chain: one dot per query of the tile, each row keeping its query's
+            path_rows = pl.ds(pl.multiple_of((index - first_path_block) * block_k, block_k), block_k)
+            row_query = (tile * BLOCK_M + jnp.arange(BLOCK_M)) // group
+            queries = (tile * BLOCK_M // group, jnp.minimum((tile * BLOCK_M + BLOCK_M - 1) // group, num_tail - 1) + 1)
+
+            def scores(i, s):
+                return jnp.where((row_query == i)[:, None], _dot(q, plgpu.load(k_path_ref.at[i, path_rows, :]).T,
+                                                                 compute_dtype), s)
+
+            s = lax.fori_loop(*queries, scores, jnp.zeros((BLOCK_M, block_k), jnp.float32))
+        else:
+            s = _dot(q, plgpu.load(k_ref.at[rows, :]).T, compute_dtype)
+        s = jnp.where(visible, s * scale, _MASK_VALUE)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         p = jnp.where(visible, jnp.exp(s - m_new[:, None]), 0.0)
         alpha = jnp.exp(m - m_new)
-        v = jnp.where((cols < length)[:, None], plgpu.load(v_ref.at[rows, :]), 0)  # NaN past the length
-        acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v, compute_dtype)
-        return m_new, l * alpha + jnp.sum(p, axis=1), acc
+        if tail:  # x + 0 == x: each row gets its own query's product and exact zeros from the others
+            def values(i, pv):
+                v = plgpu.load(v_path_ref.at[i, path_rows, :])
+                return pv + _dot(jnp.where((row_query == i)[:, None], p, 0.0).astype(v.dtype), v, compute_dtype)
+
+            pv = lax.fori_loop(*queries, values, jnp.zeros(acc.shape, jnp.float32))
+        else:
+            v = jnp.where((cols < length)[:, None], plgpu.load(v_ref.at[rows, :]), 0)  # NaN past the length
+            pv = _dot(p.astype(v.dtype), v, compute_dtype)
+        return m_new, l * alpha + jnp.sum(p, axis=1), acc * alpha[:, None] + pv
 
     init = (jnp.full((BLOCK_M,), _MASK_VALUE, jnp.float32), jnp.zeros((BLOCK_M,), jnp.float32),
             jnp.zeros(q.shape, jnp.float32))
-    if num_tail:  # the same blocks in the same order, the ones holding tail rows last
-        first_tail = jnp.clip(tail_start // block_k, first, last)
+    if num_tail:  # the same blocks in the same order; from the tail's first block on, each query's chain
+        first_tail = jnp.clip(first_path_block, first, last)
         carry = lax.fori_loop(first, first_tail, functools.partial(block, tail=False), init)
         m, l, acc = lax.fori_loop(first_tail, last, functools.partial(block, tail=True), carry)
     else:
@@ -99,6 +115,27 @@ def _split_kernel(q_ref, k_ref, v_ref, lo_ref, hi_ref, len_ref, *refs, block_k, 
     plgpu.store(o_ref, acc)
     plgpu.store(m_ref, m)
     plgpu.store(l_ref, l)
+
+
+def _chain_paths(k, v, tail_mask, lengths, *, block_k):
+    """Each tree query's chain, as plain decoding would have cached it: ``[batch, num_kv_heads, num_q,
+    path_width, head_dim]`` K and V rows for the positions from the block holding the tail's start
+    (``(length - num_q) // block_k * block_k``) on: prefix rows, then the query's visible tail rows
+    (its ancestors and itself, in slot order, which is depth order) one after another, then filler
+    (a valid row, never visible: it lies past the query's position)."""
+    num_q = tail_mask.shape[-1]
+    tail_start = lengths - num_q  # [batch]
+    sees = tail_mask.astype(bool)  # [batch, num_q, num_q]
+    rank = jnp.cumsum(sees, axis=-1) - 1  # the chain position (past the tail's start) of each seen slot
+    slot_at = jnp.argmax(sees[..., None, :] & (rank[..., None, :] == jnp.arange(num_q)[:, None]), axis=-1)
+    path_width = pl.cdiv(block_k - 1 + num_q, block_k) * block_k
+    positions = (tail_start // block_k * block_k)[:, None] + jnp.arange(path_width)  # [batch, path_width]
+    past_start = positions - tail_start[:, None]
+    in_chain = jnp.take_along_axis(slot_at, jnp.clip(past_start, 0, num_q - 1)[:, None, :].repeat(num_q, 1), -1)
+    source = jnp.where(past_start[:, None, :] < 0, positions[:, None, :], tail_start[:, None, None] + in_chain)
+    source = jnp.where(past_start[:, None, :] < num_q, source, tail_start[:, None, None])  # [batch, num_q, width]
+    gather = jax.vmap(lambda cache, rows: cache[:, rows])  # [heads, len, d], [num_q, width] -> [heads, num_q, width, d]
+    return gather(k, source), gather(v, source)
 
 
 def _merge_kernel(o_ref, m_ref, l_ref, out_ref, *, num_splits):
@@ -124,6 +161,10 @@ def decode_attention_invariant(q, k, v, kv_lengths, *, q_positions, tail_mask=No
     ``kv_lengths [batch]``, ``q_positions [batch, num_q]``, ``tail_mask [batch, num_q, num_q]`` (optional,
     tree attention) -> ``[batch, num_q, num_q_heads, head_dim]``.
 
+    A tree's rows are its nodes in slot order (each node's ancestors before it, as ``jspec.tree`` lays
+    them out), the mask holds each node's ancestors and itself, and a node's position is the tail's
+    start + its depth.
+
     ``block_k`` and ``split_rows`` (a multiple of it) fix the reduction order: results are invariant
     only between calls with the same values (and the same ``head_dim`` and dtypes).
     """
@@ -145,9 +186,9 @@ def decode_attention_invariant(q, k, v, kv_lengths, *, q_positions, tail_mask=No
                      ((0, 0), (0, 0), (0, padded - rows), (0, d - head_dim)))
     lengths = jnp.clip(kv_lengths.astype(jnp.int32), 0, max_len)
     pos = q_positions.astype(jnp.int32)
-    hi = jnp.clip(jnp.minimum(lengths[:, None], pos + 1), 0)  # [batch, num_q]; a query at p < 0 sees nothing
-    if tail_mask is not None:  # tail rows past a node's position may be visible: the mask decides there
-        hi = jnp.where(pos >= 0, lengths[:, None], 0)
+    # [batch, num_q]; a query at p < 0 sees nothing. A tree's node at depth j has position (tail start + j): it
+    # sees the positions of its chain below it, which the kernel reads from the chain paths.
+    hi = jnp.clip(jnp.minimum(lengths[:, None], pos + 1), 0)
     lo = jnp.zeros_like(hi) if window is None else jnp.clip(pos - window + 1, 0)
     def per_row(x):  # [batch, num_q, ...] -> [batch, padded, ...]: each query's value on its group's rows
         return jnp.pad(jnp.repeat(x, group, axis=1), ((0, 0), (0, padded - rows)) + ((0, 0),) * (x.ndim - 2))
@@ -155,14 +196,9 @@ def decode_attention_invariant(q, k, v, kv_lengths, *, q_positions, tail_mask=No
     row_lo, row_hi = per_row(lo), per_row(hi)
     extra_in, extra_specs = [], []
     if tail_mask is not None:
-        # One row of bits per M-tile row: block_k zero columns, the tail's num_q columns padded to a
-        # power of two, block_k zero columns, so that a block's window of block_k columns (its offset
-        # from the tail's start + block_k) is always inside.
-        tail = _effective_tail_mask(tail_mask, pos, window).astype(jnp.int32)  # [batch, num_q, num_q]
-        tail_width = _next_pow2(max(num_q, 16))
-        tail = jnp.pad(tail, ((0, 0), (0, 0), (block_k, tail_width - num_q + block_k)))
-        extra_in.append(per_row(tail))
-        extra_specs.append(pl.BlockSpec((None, BLOCK_M, tail.shape[-1]), lambda b, h, t, s: (b, t, 0)))
+        paths = _chain_paths(k, v, tail_mask, lengths, block_k=block_k)
+        extra_in += paths
+        extra_specs += [pl.BlockSpec((None, None) + paths[0].shape[2:], lambda b, h, t, s: (b, h, 0, 0, 0))] * 2
     num_splits = pl.cdiv(max_len, split_rows)
     scale = head_dim**-0.5 if scale is None else scale
     compute_dtype = jnp.float32 if interpret else k.dtype  # XLA:CPU lacks some 16-bit dots; fp32 products are exact
@@ -170,7 +206,7 @@ def decode_attention_invariant(q, k, v, kv_lengths, *, q_positions, tail_mask=No
     tile = lambda b, h, t, s: (b, h, t, 0)  # noqa: E731
     o_part, m_part, l_part = pl.pallas_call(
         functools.partial(_split_kernel, block_k=block_k, split_rows=split_rows, scale=float(scale),
-                          compute_dtype=compute_dtype, num_tail=0 if tail_mask is None else num_q),
+                          compute_dtype=compute_dtype, num_tail=0 if tail_mask is None else num_q, group=group),
         grid=(batch, num_kv_heads, padded // BLOCK_M, num_splits),
         in_specs=[pl.BlockSpec((None, None, BLOCK_M, d), tile),
                   pl.BlockSpec((None, None, cache_len, d), lambda b, h, t, s: (b, h, 0, 0)),

@@ -5,6 +5,7 @@ that its logits nearly tie and a rounding difference would change a token."""
 
 from __future__ import annotations
 
+import importlib
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -113,6 +114,48 @@ def test_tree_attention_matches_the_reference_and_rows_do_not_depend_on_the_batc
     np.testing.assert_array_equal(attend(q[1:], k[1:], v[1:], lengths[1:], positions[1:], mask[1:]), every_row[1:])
     wider = [jnp.pad(x, ((0, 0), (0, 0), (0, 192), (0, 0)), constant_values=jnp.nan) for x in (k, v)]
     np.testing.assert_array_equal(attend(q, *wider, lengths, positions, mask), every_row)
+
+
+def _pairwise_dot(a, b, dtype):
+    """a @ b in fp32 whose products are added in pairs, then pairs of pairs (as a tensor core groups
+    them), not one after another as XLA:CPU adds them, where a zero product anywhere changes nothing."""
+    terms = a.astype(jnp.float32)[:, :, None] * b.astype(jnp.float32)[None, :, :]  # [m, k, n]
+    while terms.shape[1] > 1:
+        terms = terms[:, 0::2] + terms[:, 1::2]
+    return terms[:, 0]
+
+
+@pytest.fixture
+def pairwise_dots(monkeypatch):
+    monkeypatch.setattr(importlib.import_module("pallas_kernels.invariant_attention"), "_dot", _pairwise_dot)
+    jax.clear_caches()  # no program traced with the other dot
+    yield
+    monkeypatch.undo()
+    jax.clear_caches()
+
+
+@pytest.mark.parametrize("window", [None, 40])
+def test_a_tree_node_attends_bitwise_as_its_chain_would(window, pairwise_dots):
+    """Node i's output equals the last row of a chain verify over its path (its ancestors and
+    itself written one after another after the prefix, as plain decoding caches them), and the
+    chain rows of the path equal the tree rows of the same nodes. Lengths 200 / 70 put the tail
+    across a block and (batch 0) right before a split boundary. With pairwise-added dots: reading
+    the ancestors in their tree slots (masking the rest) adds the same products in other pairs."""
+    q, k, v, lengths, positions, mask = _tree_case(num_q=9)
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))  # outputs in fp32: bf16 would round a last-bit change away
+    attend = lambda q, k, v, lengths, positions, mask=None: np.asarray(decode_attention(  # noqa: E731
+        q, k, v, lengths, q_positions=positions, tail_mask=mask, window=window, impl=INVARIANT))
+    tree = attend(q, k, v, lengths, positions, mask)
+    num_q = mask.shape[-1]
+    for b in range(q.shape[0]):
+        tail_start = int(lengths[b]) - num_q
+        for i in range(num_q):
+            path = np.flatnonzero(np.asarray(mask[b, i]))  # ancestors and itself, in depth order
+            rows = np.r_[np.arange(tail_start), tail_start + path]
+            chain_k, chain_v = (x[b:b + 1, :, rows] for x in (k, v))
+            chain_positions = jnp.asarray(tail_start + np.arange(len(path)))[None]
+            chain = attend(q[b:b + 1, path], chain_k, chain_v, jnp.array([len(rows)]), chain_positions)
+            np.testing.assert_array_equal(chain[0], tree[b, path])
 
 
 @pytest.mark.parametrize("max_len, head_dim, num_q, window", [
