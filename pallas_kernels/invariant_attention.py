@@ -71,6 +71,7 @@ def _split_kernel(q_ref, k_ref, v_ref, lo_ref, hi_ref, len_ref, *refs, block_k, 
     first = jnp.maximum(start, tile_lo) // block_k
     last = jnp.maximum(first, (jnp.minimum(start + split_rows, tile_hi) + block_k - 1) // block_k)
     first_path_block = (length - num_tail) // block_k
+    one_step = jnp.minimum(length, 1)  # a trip count the compiler cannot see (every visited block has length >= 1)
 
     def block(index, carry, *, tail):
         m, l, acc = carry
@@ -93,16 +94,19 @@ def _split_kernel(q_ref, k_ref, v_ref, lo_ref, hi_ref, len_ref, *refs, block_k, 
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         p = jnp.where(visible, jnp.exp(s - m_new[:, None]), 0.0)
         alpha = jnp.exp(m - m_new)
-        if tail:  # x + 0 == x: each row gets its own query's product and exact zeros from the others
-            def values(i, pv):
+        # Both branches add their dots to the scaled accumulator as a loop carry (the chain's loop has
+        # one step): a compiler then fuses that add into the dot, or the scaling into the add, alike
+        # in both, so a tree row and a chain row get the same bits.
+        if tail:  # each row gets its own query's products; the other queries' dots add exact zeros
+            def values(i, acc):
                 v = plgpu.load(v_path_ref.at[i, path_rows, :])
-                return pv + _dot(jnp.where((row_query == i)[:, None], p, 0.0).astype(v.dtype), v, compute_dtype)
-
-            pv = lax.fori_loop(*queries, values, jnp.zeros(acc.shape, jnp.float32))
+                return acc + _dot(jnp.where((row_query == i)[:, None], p, 0.0).astype(v.dtype), v, compute_dtype)
         else:
-            v = jnp.where((cols < length)[:, None], plgpu.load(v_ref.at[rows, :]), 0)  # NaN past the length
-            pv = _dot(p.astype(v.dtype), v, compute_dtype)
-        return m_new, l * alpha + jnp.sum(p, axis=1), acc * alpha[:, None] + pv
+            def values(_, acc):
+                v = jnp.where((cols < length)[:, None], plgpu.load(v_ref.at[rows, :]), 0)  # NaN past the length
+                return acc + _dot(p.astype(v.dtype), v, compute_dtype)
+        acc = lax.fori_loop(*(queries if tail else (0, one_step)), values, acc * alpha[:, None])
+        return m_new, l * alpha + jnp.sum(p, axis=1), acc
 
     init = (jnp.full((BLOCK_M,), _MASK_VALUE, jnp.float32), jnp.zeros((BLOCK_M,), jnp.float32),
             jnp.zeros(q.shape, jnp.float32))
