@@ -17,7 +17,7 @@ split on each device without moving columns between devices
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -124,12 +124,14 @@ def _split(y: jax.Array, sizes) -> list[jax.Array]:
 def map_fused(model, convert: Callable[[jax.Array, tuple[int, ...]], jax.Array]):
     """``model`` with every fused weight of every layer passed through ``convert(weight, parts)``;
     ``model.fused_columns(index)`` names them and their column parts."""
-    layers = tuple(
-        dataclasses.replace(layer, **{name: convert(getattr(layer, name), parts)
-                                      for name, parts in model.fused_columns(index).items()
-                                      if getattr(layer, name) is not None})
-        for index, layer in enumerate(model.layers))
+    layers = tuple(map_fused_layer(layer, model.fused_columns(index), convert) for index, layer in enumerate(model.layers))
     return dataclasses.replace(model, layers=layers)
+
+
+def map_fused_layer(layer, columns: Mapping[str, tuple[int, ...]], convert):
+    """One layer of :func:`map_fused`: ``columns`` is its model's ``fused_columns(index)``."""
+    return dataclasses.replace(layer, **{name: convert(getattr(layer, name), parts)
+                                         for name, parts in columns.items() if getattr(layer, name) is not None})
 
 
 def plain_order(model):

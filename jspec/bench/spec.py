@@ -302,23 +302,30 @@ def run(args):
     if args.drafter == "draft-model":
         tags["draft"] = args.draft
     rows = []
+
+    def save():  # after each stage of each batch: a compile that runs out of time loses nothing measured
+        result = report.result("spec", args.argv, env, rows, notes=(
+            "round / decode step: medians of back-to-back donated jitted calls; stages: separate jitted programs "
+            "(propose; verify forward of k+1 rows), accept_commit = round - propose - verify"))
+        report.write(args.out, result)
+        return result
+
     for batch in args.batch:
         capacity = engine.cache_length(args.context, args.context + 64 + (args.repeats + 8) * (max(args.k + [1]) + 1))
         round_rows = measure_rounds(target, drafter, batch, args.context, args.k, capacity=capacity,
                                     impl=args.impl, repeats=args.repeats, stages_k=args.stages_k,
                                     compile_threads=args.compile_threads, tags=tags)
         rows += round_rows
+        save()
         if args.alpha:
             rows += end_to_end(target, drafter, batch, args, tags, round_rows)
+            save()
     rounds = [row for row in rows if row["measure"] == "round"]
     if rounds:
         rows += policy_rows(rounds, args.new_tokens)
     if args.hf:
         rows += hf_rows(target, drafter, [row for row in rows if row["measure"] == "end_to_end"], args, env)
-    result = report.result("spec", args.argv, env, rows, notes=(
-        "round / decode step: medians of back-to-back donated jitted calls; stages: separate jitted programs "
-        "(propose; verify forward of k+1 rows), accept_commit = round - propose - verify"))
-    report.write(args.out, result)
+    result = save()
     plots.spec(result, Path(args.out).with_suffix(".png"))
 
 

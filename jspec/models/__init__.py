@@ -13,7 +13,7 @@ import functools
 import jax.numpy as jnp
 
 from jspec.models import gemma4, llama
-from jspec.models.base import NO_CAPTURE, Capture
+from jspec.models.base import NO_CAPTURE, Capture, as_is
 
 # Any family's parameters (annotations only).
 AnyModel = llama.Model | gemma4.Model
@@ -34,8 +34,9 @@ forward.register(gemma4.Model, gemma4.forward)
 
 
 @functools.singledispatch
-def init_params(config, key, dtype=jnp.float32, *, scale: float = 0.02):
-    """Random parameters of the family ``config`` belongs to (tests and benchmarks)."""
+def init_params(config, key, dtype=jnp.float32, *, scale: float = 0.02, build=as_is):
+    """Random parameters of the family ``config`` belongs to (tests and benchmarks); ``build``: how
+    each piece is made (:func:`jspec.models.base.as_is`, the default)."""
     raise TypeError(f"no init_params registered for {type(config).__name__}")
 
 

@@ -88,6 +88,15 @@ def lm_head(embed: jax.Array, head: jax.Array | None, h: jax.Array, *, impl: str
     return linear(h, head, impl=impl, parallel=parallel, split="column").astype(jnp.float32)
 
 
+def as_is(fn, *, name=None, static_argnums=()):
+    """The default ``build`` of the families' ``init_params``: each piece made by ``fn`` itself.
+
+    ``init_params(..., build=b)`` makes every piece (each embedding table, each layer, the norms)
+    through ``b(fn, name=field name or None, static_argnums=...)(*args)``, largest tables first, so a
+    builder can make each piece in a program of its own (:func:`jspec.sharding.init_sharded`)."""
+    return fn
+
+
 def random_matrix(key, shape, dtype, scale):
     """normal(0, scale) entries (random weights for tests and benchmarks)."""
     return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)

@@ -30,7 +30,8 @@ from jspec.kv import KVCache, write_rows
 from jspec.parallel import TensorParallel, per_head, split_columns
 from jspec.layers import gated_mlp, linear
 from jspec.layers import rms_norm_fp32_scale as rms_norm
-from jspec.models.base import NO_CAPTURE, Capture, lm_head, token_positions, random_matrix, random_norm_weight
+from jspec.models.base import (NO_CAPTURE, Capture, as_is, lm_head, random_matrix, random_norm_weight,
+                               token_positions)
 from jspec.models.gemma4.config import SLIDING, Gemma4Config
 from jspec.rope import apply_rope, rope_cos_sin
 from pallas_kernels import decode_attention, gather_rows
@@ -312,24 +313,32 @@ def init_layer(c: Gemma4Config, index: int, key: jax.Array, dtype=jnp.float32, *
     )
 
 
-def init_params(config: Gemma4Config, key: jax.Array, dtype=jnp.float32, *, scale: float = 0.02) -> Model:
-    """Random parameters (normal(0, scale) matrices, norms near 1), for tests and benchmarks."""
+def init_params(config: Gemma4Config, key: jax.Array, dtype=jnp.float32, *, scale: float = 0.02,
+                build=as_is) -> Model:
+    """Random parameters (normal(0, scale) matrices, norms near 1), for tests and benchmarks;
+    ``build``: how each piece is made (:func:`jspec.models.base.as_is`)."""
     c = config
     embed_key, norm_key, head_key, ple_key, *layer_keys = jax.random.split(key, 4 + c.num_layers)
+    matrix = functools.partial(build, random_matrix, static_argnums=(1, 2, 3))
+    embed = matrix(name="embed")(embed_key, (c.vocab_size, c.hidden_size), dtype, scale)
+    head = None if c.tie_word_embeddings else matrix(name="lm_head")(head_key, (c.hidden_size, c.vocab_size), dtype,
+                                                                     scale)
     ple = None
     if c.hidden_size_per_layer_input:
         width = c.num_layers * c.hidden_size_per_layer_input
         k1, k2, k3 = jax.random.split(ple_key, 3)
         ple = PerLayerEmbedding(
-            embed=random_matrix(k1, (c.vocab_size_per_layer_input, width), dtype, scale),
-            projection=random_matrix(k2, (c.hidden_size, width), dtype, scale),
-            norm=random_norm_weight(k3, (c.hidden_size_per_layer_input,), dtype),
+            embed=matrix(name="embed")(k1, (c.vocab_size_per_layer_input, width), dtype, scale),
+            projection=matrix(name="projection")(k2, (c.hidden_size, width), dtype, scale),
+            norm=build(random_norm_weight, name="norm", static_argnums=(1, 2))(
+                k3, (c.hidden_size_per_layer_input,), dtype),
         )
+    layer = build(functools.partial(init_layer, scale=scale), static_argnums=(0, 1, 3))
     return Model(
-        embed=random_matrix(embed_key, (c.vocab_size, c.hidden_size), dtype, scale),
-        layers=tuple(init_layer(c, i, k, dtype, scale=scale) for i, k in enumerate(layer_keys)),
-        final_norm=random_norm_weight(norm_key, (c.hidden_size,), dtype),
-        lm_head=None if c.tie_word_embeddings else random_matrix(head_key, (c.hidden_size, c.vocab_size), dtype, scale),
+        embed=embed,
+        layers=tuple(layer(c, i, k, dtype) for i, k in enumerate(layer_keys)),
+        final_norm=build(random_norm_weight, name="final_norm", static_argnums=(1, 2))(norm_key, (c.hidden_size,), dtype),
+        lm_head=head,
         ple=ple,
         config=c,
     )

@@ -9,6 +9,7 @@ growing with depth.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +17,8 @@ import jax.numpy as jnp
 from jspec.kv import KVCache, write_rows
 from jspec.parallel import TensorParallel, per_head, split_columns
 from jspec.layers import linear, rms_norm, silu_mlp
-from jspec.models.base import NO_CAPTURE, Capture, lm_head, token_positions, random_matrix, random_norm_weight
+from jspec.models.base import (NO_CAPTURE, Capture, as_is, lm_head, random_matrix, random_norm_weight,
+                               token_positions)
 from jspec.models.llama.config import LlamaConfig
 from jspec.rope import apply_rope, rope_cos_sin
 from pallas_kernels import decode_attention, gather_rows
@@ -225,17 +227,23 @@ def init_layer(config: LlamaConfig, key: jax.Array, dtype=jnp.float32, *, scale:
     )
 
 
-def init_params(config: LlamaConfig, key: jax.Array, dtype=jnp.float32, *, scale: float = 0.02) -> Model:
-    """Random parameters (normal(0, scale) matrices, norms near 1), generated where jax runs.
+def init_params(config: LlamaConfig, key: jax.Array, dtype=jnp.float32, *, scale: float = 0.02, build=as_is) -> Model:
+    """Random parameters (normal(0, scale) matrices, norms near 1), generated where jax runs;
+    ``build``: how each piece is made (:func:`jspec.models.base.as_is`).
 
     For tests and benchmarks at real shapes; not a training initialisation.
     """
     c = config
     embed_key, norm_key, head_key, *layer_keys = jax.random.split(key, 3 + c.num_layers)
+    embed = build(random_matrix, name="embed", static_argnums=(1, 2, 3))(
+        embed_key, (c.vocab_size, c.hidden_size), dtype, scale)
+    head = None if c.tie_word_embeddings else build(random_matrix, name="lm_head", static_argnums=(1, 2, 3))(
+        head_key, (c.hidden_size, c.vocab_size), dtype, scale)
+    layer = build(functools.partial(init_layer, scale=scale), static_argnums=(0, 2))  # one program for every layer
     return Model(
-        embed=random_matrix(embed_key, (c.vocab_size, c.hidden_size), dtype, scale),
-        layers=tuple(init_layer(c, k, dtype, scale=scale) for k in layer_keys),
-        final_norm=random_norm_weight(norm_key, (c.hidden_size,), dtype),
-        lm_head=None if c.tie_word_embeddings else random_matrix(head_key, (c.hidden_size, c.vocab_size), dtype, scale),
+        embed=embed,
+        layers=tuple(layer(c, k, dtype) for k in layer_keys),
+        final_norm=build(random_norm_weight, name="final_norm", static_argnums=(1, 2))(norm_key, (c.hidden_size,), dtype),
+        lm_head=head,
         config=c,
     )
