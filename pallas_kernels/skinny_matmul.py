@@ -45,6 +45,7 @@ from pallas_kernels._dispatch import check_impl, interpret_mode, on_gpu
 
 MAX_M = 64  # the kernel's row limit; larger M (prefill) goes to XLA
 INVARIANT_BLOCK_M = 64  # rows per M tile of ``impl="invariant"``: a Hopper warpgroup dot (WGMMA)
+_MAX_ACCUMULATOR = 64 * 256  # fp32 accumulator elements of a program's row tiles (128 registers a thread at 4 warps)
 _NUM_SMS = 132  # H100 SXM; the split-K heuristic aims at a few waves of programs
 _SMEM_LIMIT = 220 * 1024  # pipelined tile bytes per program (227 KiB max); fewer stages beyond
 
@@ -154,38 +155,43 @@ def _pow2_at_least(v: int, lo: int) -> int:
     return max(lo, 1 << max(0, math.ceil(math.log2(max(v, 1)))))
 
 
-def _kernel(x_ref, w_ref, o_ref, *, m, k, n, block_m, block_k, block_n, k_per_split,
+def _kernel(x_ref, w_ref, o_ref, *, m, k, n, block_m, m_tiles, block_k, block_n, k_per_split,
             mask_m, mask_k, mask_n, compute_dtype, precision, w_transposed):
-    # x_ref: [block_m, k_per_split]   (rows >= m and cols >= k are out of the array)
+    # x_ref: [m_tiles * block_m, k_per_split]   (rows >= m and cols >= k are out of the array)
     # w_ref: [k_per_split, block_n], or [block_n, k_per_split] when w_transposed
-    # o_ref: [block_m, block_n]      (squeezed split dim when split_k > 1)
+    # o_ref: [m_tiles * block_m, block_n]      (squeezed split dim when split_k > 1)
+    # Each of the m_tiles row tiles has its own accumulator and dot, the same as one tile alone: a
+    # program with several reads each weight tile once for all of them.
     pid_n = pl.program_id(1)
     pid_s = pl.program_id(2)
     num_k_steps = k_per_split // block_k
 
-    row_ok = (pl.program_id(0) * block_m + jnp.arange(block_m) < m) if mask_m else None
+    first_row = pl.program_id(0) * m_tiles * block_m
+    rows_ok = [(first_row + t * block_m + jnp.arange(block_m) < m) if mask_m else None for t in range(m_tiles)]
     col_ok = (pid_n * block_n + jnp.arange(block_n) < n) if mask_n else None
 
-    def body(step, acc):
+    def body(step, accs):
         kk = pl.multiple_of(step * block_k, block_k)
         k_ok = None
         if mask_k:
             k_ok = pid_s * k_per_split + kk + jnp.arange(block_k) < k
-        x_mask = _and2d(row_ok, k_ok)
-        xb = _load(x_ref.at[:, pl.ds(kk, block_k)], x_mask)
         if w_transposed:
             wb = _load(w_ref.at[:, pl.ds(kk, block_k)], _and2d(col_ok, k_ok))
             contract = (((1,), (1,)), ((), ()))
         else:
             wb = _load(w_ref.at[pl.ds(kk, block_k), :], _and2d(k_ok, col_ok))
             contract = (((1,), (0,)), ((), ()))
-        return acc + jax.lax.dot_general(xb.astype(compute_dtype), wb.astype(compute_dtype), contract,
-                                         precision=precision, preferred_element_type=jnp.float32)
+        tiles = []
+        for t, (acc, row_ok) in enumerate(zip(accs, rows_ok)):
+            xb = _load(x_ref.at[pl.ds(t * block_m, block_m), pl.ds(kk, block_k)], _and2d(row_ok, k_ok))
+            tiles.append(acc + jax.lax.dot_general(xb.astype(compute_dtype), wb.astype(compute_dtype), contract,
+                                                   precision=precision, preferred_element_type=jnp.float32))
+        return tuple(tiles)
 
-    acc = jax.lax.fori_loop(0, num_k_steps, body,
-                            jnp.zeros((block_m, block_n), jnp.float32))
-    out_mask = _and2d(row_ok, col_ok)
-    plgpu.store(o_ref.at[:, :], acc.astype(o_ref.dtype), mask=out_mask)
+    accs = jax.lax.fori_loop(0, num_k_steps, body,
+                             tuple(jnp.zeros((block_m, block_n), jnp.float32) for _ in range(m_tiles)))
+    for t, (acc, row_ok) in enumerate(zip(accs, rows_ok)):
+        plgpu.store(o_ref.at[pl.ds(t * block_m, block_m), :], acc.astype(o_ref.dtype), mask=_and2d(row_ok, col_ok))
 
 
 def _and2d(rows, cols):
@@ -219,33 +225,37 @@ def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool, w_t
         if v < 16 or v & (v - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {v}")
     itemsize = jnp.dtype(jnp.promote_types(x.dtype, w.dtype)).itemsize
+    # Row tiles per program (``impl="invariant"``): every tile of up to _MAX_ACCUMULATOR rows x
+    # block_n in one program, so the weight is read once for all of them.
+    m_tiles = 1 if cfg.block_m is None else max(1, min(pl.cdiv(m, block_m), _MAX_ACCUMULATOR // (block_m * block_n)))
+    rows_per_program = m_tiles * block_m
     num_stages = cfg.num_stages  # Triton allocates num_stages buffers of both tiles
-    while num_stages > 1 and (num_stages * (block_k * block_n + block_m * block_k)
+    while num_stages > 1 and (num_stages * (block_k * block_n + rows_per_program * block_k)
                               * itemsize > _SMEM_LIMIT):
         num_stages -= 1
     steps = pl.cdiv(pl.cdiv(k, split_k), block_k)
     k_per_split = steps * block_k
     split_k = pl.cdiv(k, k_per_split)  # drop splits that would be empty
-    grid = (pl.cdiv(m, block_m), pl.cdiv(n, block_n), split_k)
+    grid = (pl.cdiv(m, rows_per_program), pl.cdiv(n, block_n), split_k)
     compute_dtype = jnp.promote_types(x.dtype, w.dtype)
     precision = (jax.lax.Precision.HIGHEST if compute_dtype == jnp.float32
                  else jax.lax.Precision.DEFAULT)
     kernel = functools.partial(
-        _kernel, m=m, k=k, n=n, block_m=block_m, block_k=block_k, block_n=block_n,
-        k_per_split=k_per_split, mask_m=m % block_m != 0,
+        _kernel, m=m, k=k, n=n, block_m=block_m, m_tiles=m_tiles, block_k=block_k, block_n=block_n,
+        k_per_split=k_per_split, mask_m=m % rows_per_program != 0,
         mask_k=split_k * k_per_split != k, mask_n=n % block_n != 0,
         compute_dtype=compute_dtype, precision=precision, w_transposed=w_transposed)
     in_specs = [
-        pl.BlockSpec((block_m, k_per_split), lambda r, i, s: (r, s)),
+        pl.BlockSpec((rows_per_program, k_per_split), lambda r, i, s: (r, s)),
         pl.BlockSpec((block_n, k_per_split), lambda r, i, s: (i, s)) if w_transposed
         else pl.BlockSpec((k_per_split, block_n), lambda r, i, s: (s, i)),
     ]
     if split_k == 1:
         out_shape = jax.ShapeDtypeStruct((m, n), x.dtype)
-        out_spec = pl.BlockSpec((block_m, block_n), lambda r, i, s: (r, i))
+        out_spec = pl.BlockSpec((rows_per_program, block_n), lambda r, i, s: (r, i))
     else:
         out_shape = jax.ShapeDtypeStruct((split_k, m, n), jnp.float32)
-        out_spec = pl.BlockSpec((None, block_m, block_n), lambda r, i, s: (s, r, i))
+        out_spec = pl.BlockSpec((None, rows_per_program, block_n), lambda r, i, s: (s, r, i))
     out = pl.pallas_call(
         kernel,
         out_shape=out_shape,

@@ -40,17 +40,19 @@ def target():
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("k, n", [(200, 150), (64, 97), (1024, 64)])
 def test_matmul_rows_do_not_depend_on_the_rows_beside_them(dtype, k, n, w_transposed):
-    """Also with split-K (1024 x 64: the one-row tiling splits K in 4 (bf16) / 8 (fp32)), and for a
-    weight stored [N, K] (a tied LM head reading the embedding table as stored)."""
+    """Also with split-K (1024 x 64: the one-row tiling splits K in 4 (bf16) / 8 (fp32)), for a
+    weight stored [N, K] (a tied LM head reading the embedding table as stored), and for row tiles
+    that share a program (150 rows: three 64-row tiles)."""
     assert (invariant_config(k, n, jnp.dtype(dtype).itemsize, w_transposed=w_transposed).split_k > 1) == (k == 1024)
-    x = jax.random.normal(jax.random.key(0), (37, k), dtype)
+    x = jax.random.normal(jax.random.key(0), (150, k), dtype)
     w = jax.random.normal(jax.random.key(1), (k, n), dtype)
     stored = w.T if w_transposed else w
     matmul = lambda x: np.asarray(skinny_matmul(x, stored, impl=INVARIANT, w_transposed=w_transposed))  # noqa: E731
     every_row = matmul(x)
     np.testing.assert_allclose(every_row.astype(np.float32), np.asarray(skinny_matmul_reference(x, w), np.float32),
                                rtol=2e-2, atol=2e-2)
-    for start, rows in [(0, 1), (5, 1), (3, 5), (10, 20), (36, 1)]:  # decode, verify, batch x rows, any M
+    # decode, verify, batch x rows, any M; past 64 rows several row tiles share a program
+    for start, rows in [(0, 1), (5, 1), (3, 5), (10, 20), (36, 1), (70, 80), (149, 1)]:
         np.testing.assert_array_equal(matmul(x[start:start + rows]), every_row[start:start + rows])
 
 
