@@ -16,7 +16,8 @@ shapes), ``draft-model`` (a smaller preset of the same vocabulary, :data:`DRAFTS
 One ``invariant`` row each: ``differing_tokens`` (positions of the ``num_tokens = batch x
 new_tokens`` new tokens where the two outputs differ), ``first_difference`` (the earliest such
 position in any sequence, or null), ``mean_acceptance_length`` (tokens per verify round),
-``all_drafts_accepted`` (self-drafting only), wall seconds of both calls (the first call, compile
+``all_drafts_accepted`` (self-drafting only; a tree accepts its whole depth only where its node budget
+keeps the greedy path, which flat random logits may not: ``--confident``), wall seconds of both calls (the first call, compile
 included unless an earlier row compiled the same program; ``--repeats N``: also N warm calls
 each). ``--out`` is rewritten after every row.
 
