@@ -129,9 +129,8 @@ def _chain_paths(k, v, tail_mask, lengths, *, block_k):
     (a valid row, never visible: it lies past the query's position)."""
     num_q = tail_mask.shape[-1]
     tail_start = lengths - num_q  # [batch]
-    sees = tail_mask.astype(bool)  # [batch, num_q, num_q]
-    rank = jnp.cumsum(sees, axis=-1) - 1  # the chain position (past the tail's start) of each seen slot
-    slot_at = jnp.argmax(sees[..., None, :] & (rank[..., None, :] == jnp.arange(num_q)[:, None]), axis=-1)
+    # [batch, num_q, num_q]: chain position j past the tail's start -> the j-th tail slot the query sees
+    slot_at = jnp.argsort(~tail_mask.astype(bool), axis=-1, stable=True)
     path_width = pl.cdiv(block_k - 1 + num_q, block_k) * block_k
     positions = (tail_start // block_k * block_k)[:, None] + jnp.arange(path_width)  # [batch, path_width]
     past_start = positions - tail_start[:, None]
