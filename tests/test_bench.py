@@ -361,14 +361,15 @@ def test_tensor_parallel_runs_let_jax_take_most_of_each_gpu(monkeypatch):
     assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
 
 
-def test_a_kernel_profile_groups_kernels_by_name_and_counts_nccl_apart(monkeypatch):
+def test_a_kernel_profile_groups_kernels_by_name_and_counts_collectives_apart(monkeypatch):
     from jspec.bench import decode
 
-    kernels = [("gemv", 1e-3), ("attention", 2.5e-3), ("gemv", 1e-3), ("ncclAllReduce_sum", 5e-4), ("gemv", 1e-3)]
+    kernels = [("gemv", 1e-3), ("attention", 2.5e-3), ("gemv", 1e-3), ("ncclAllReduce_sum", 5e-4), ("gemv", 1e-3),
+               ("psum_484_0_fusion_1", 2e-4), ("all_reduce_1_fusion_1", 1e-4), ("loop_reduce_fusion_94", 1e-4)]
     monkeypatch.setattr(decode, "gpu_kernel_times", lambda call, warmup: kernels)
     profile = decode.kernel_profile(lambda: None, top=2)
-    assert profile["kernels"] == 5 and profile["gpu_ms"] == pytest.approx(6.0)
-    assert profile["collective_ms"] == pytest.approx(0.5)
+    assert profile["kernels"] == 8 and profile["gpu_ms"] == pytest.approx(6.4)
+    assert profile["collective_ms"] == pytest.approx(0.8)  # NCCL's and XLA's own all-reduce kernels
     assert [(k["name"], k["count"]) for k in profile["top_kernels"]] == [("gemv", 3), ("attention", 1)]
     monkeypatch.setattr(decode, "gpu_kernel_times", lambda call, warmup: [])  # off a GPU
     assert decode.kernel_profile(lambda: None) is None

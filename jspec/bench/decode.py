@@ -109,14 +109,21 @@ def plain_loop(model, batch, context, new_tokens, impl, seed=0):
     return run, width
 
 
+COLLECTIVE_PREFIXES = ("psum", "all_reduce", "all-reduce", "all_gather", "all-gather", "reduce_scatter",
+                       "reduce-scatter", "collective_permute", "collective-permute")
+
+
 def is_collective(kernel_name: str) -> bool:
-    """A communication kernel (NCCL's all-reduce of the row-split projections under ``--tp``)."""
-    return "nccl" in kernel_name.lower()
+    """A communication kernel under ``--tp``: NCCL's, or XLA's own one-shot kernels, which it names
+    after the collective (``psum_484_0_fusion_1`` for the all-reduce of a row-split projection,
+    ``all_reduce_1_fusion_1``; on 2 x H100 most of a step's all-reduces ran as these, not NCCL)."""
+    name = kernel_name.lower()
+    return "nccl" in name or name.startswith(COLLECTIVE_PREFIXES)
 
 
 def kernel_profile(call, *, top: int = 40) -> dict | None:
     """The GPU kernels of one dispatched ``call()`` (profiler; None off a GPU): total time, count,
-    NCCL time, and the ``top`` kernel names by time with their counts. Profiled outside the
+    the collectives' time (:func:`is_collective`), and the ``top`` kernel names by time with their counts. Profiled outside the
     on-device loop because the profiler does not see the kernels inside a while loop (jax 0.11.2:
     6-10 of ~350 per Llama step, with or without command buffers)."""
     kernels = gpu_kernel_times(call, warmup=0)
