@@ -185,10 +185,14 @@ def test_invariant_tiny_speculative_equals_plain_and_self_drafting_accepts_every
     assert all(r["num_tokens"] == 48 and r["differing_tokens"] == 0 and r["first_difference"] is None for r in rows)
     assert rows[1]["draft"] == "tiny-draft" and rows[0]["prompt_lengths"] == [12, 10, 8]
     assert rows[2]["all_drafts_accepted"] and rows[2]["mean_acceptance_length"] == 4  # k + 1 per round
-    # draft trees: top-2, depth 2, 4 nodes; self-drafting accepts the whole depth every round
+    # draft trees: top-2, depth 2, 4 nodes; self-drafting accepts the whole depth every round; the
+    # first prompt decodes alike alone and among three
     assert _bench("invariant", "--tiny", "--out", out, "--impl", "invariant", "--drafters", "self",
-                  "--tree", "2:2:4") == 0
-    [row] = report.rows(_result(out), "invariant")
+                  "--tree", "2:2:4", "--batch", "3", "1") == 0
+    alone, row = report.rows(_result(out), "invariant")
+    assert (alone["batch"], row["batch"]) == (1, 3) and "first_prompt_vs_batch" not in alone
+    assert row["first_prompt_vs_batch"] == dict(batch=1, num_tokens=16, differing_tokens=0, sequences_differing=0,
+                                                first_difference=None)
     assert (row["topk"], row["depth"], row["nodes"], row["differing_tokens"]) == (2, 2, 4, 0)
     assert row["all_drafts_accepted"] and row["mean_acceptance_length"] == 3  # depth + 1 per round
 

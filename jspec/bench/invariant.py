@@ -16,6 +16,8 @@ shapes), ``draft-model`` (a smaller preset of the same vocabulary, :data:`DRAFTS
 One ``invariant`` row each: ``differing_tokens`` (positions of the ``num_tokens = batch x
 new_tokens`` new tokens where the two outputs differ), ``first_difference`` (the earliest such
 position in any sequence, or null), ``mean_acceptance_length`` (tokens per verify round),
+``first_prompt_vs_batch`` (batches above the smallest: the first prompt, the same in every batch,
+decoded plainly here against in the smallest batch; under invariant 0 tokens differ),
 ``all_drafts_accepted`` (self-drafting only; a tree accepts its whole depth only where its node budget
 keeps the greedy path, which flat random logits may not: ``--confident``), wall seconds of both calls (the first call, compile
 included unless an earlier row compiled the same program; ``--repeats N``: also N warm calls
@@ -117,7 +119,7 @@ def rows_of_target(name, args, write) -> None:
                 print(f"{name}: no draft model of its vocabulary known (--draft {name}=PRESET): draft-model skipped")
                 continue
             drafter = make_drafter(kind, target, draft=draft, dtype=dtype, seed=args.seed, impl=impl)
-            for batch in args.batch:
+            for batch in sorted(args.batch):
                 if batch not in plain:
                     plain[batch] = timed_call(lambda b=batch: jspec.generate(
                         target, prompts[b], args.new_tokens, impl=impl), args.repeats)
@@ -131,6 +133,10 @@ def rows_of_target(name, args, write) -> None:
                            plain_s=plain_s)
                 if plain_warm is not None:
                     row["timings"]["plain"] = plain_warm.as_dict("s")
+                smallest = min(args.batch)
+                if batch != smallest:  # the first prompt is the same in every batch: its plain output must be too
+                    row["first_prompt_vs_batch"] = dict(
+                        batch=smallest, **compare([plain[smallest][0][0]], [tokens[0]]))
                 write(row)
             del drafter
 
@@ -138,9 +144,12 @@ def rows_of_target(name, args, write) -> None:
 def _print(row) -> None:
     first = "" if row["first_difference"] is None else f" (first at {row['first_difference']})"
     accepted = "" if "all_drafts_accepted" not in row else f", all drafts accepted: {row['all_drafts_accepted']}"
+    alone = row.get("first_prompt_vs_batch")
+    alone = "" if alone is None else (f"; first prompt vs batch {alone['batch']}: {alone['differing_tokens']}/"
+                                      f"{alone['num_tokens']} differ")
     print(f"{row['target']} {row['drafter']} impl={row['impl']} b={row['batch']}: {row['differing_tokens']}/"
           f"{row['num_tokens']} tokens differ{first}; acceptance length {row['mean_acceptance_length']:.2f}"
-          f"{accepted}; plain {row['plain_s']:.1f} s, spec {row['spec_s']:.1f} s", flush=True)
+          f"{accepted}{alone}; plain {row['plain_s']:.1f} s, spec {row['spec_s']:.1f} s", flush=True)
 
 
 def run(args):
@@ -158,7 +167,8 @@ def run(args):
     for name in args.targets:
         rows_of_target(name, args, write)
     invariant = [r for r in rows if r["impl"] == "invariant"]
-    differing = sum(r["differing_tokens"] for r in invariant)
+    differing = sum(r["differing_tokens"] + r.get("first_prompt_vs_batch", {}).get("differing_tokens", 0)
+                    for r in invariant)
     if invariant:
         print(f"impl=invariant: {differing} differing tokens over {len(invariant)} rows")
     return 1 if differing else 0  # like `kernels check`: a broken guarantee fails the command
