@@ -39,4 +39,5 @@ def test_on_device_loops_compile_with_command_buffers_whatever_xla_flags_say(tmp
 def test_the_options_are_per_compile_not_global():
     assert LOOP_COMPILER_OPTIONS == {"xla_gpu_enable_command_buffer": ",".join(COMMAND_BUFFER_KINDS)}
     assert "WHILE" in COMMAND_BUFFER_KINDS and "CONDITIONAL" in COMMAND_BUFFER_KINDS  # the whole loop in graphs
+    assert "COLLECTIVES" in COMMAND_BUFFER_KINDS  # ... under tensor parallelism too
     assert "command_buffer" not in os.environ.get("XLA_FLAGS", "")  # importing jspec set no flag
