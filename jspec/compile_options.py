@@ -10,10 +10,10 @@ over the same flag in it for these programs only.
   Llama-3.2-1B 1.65 -> 1.41 ms/token (0.52 -> 0.59 of the roofline, launch-bound), Llama-3.1-8B
   6.17 -> 6.13 (a tie). The CPU backend ignores the option.
 * ``COLLECTIVES`` too (XLA leaves it off): under tensor parallelism every layer all-reduces twice,
-  and a loop whose body holds a command XLA may not capture cannot run as one graph; it fell back
-  to launching each device's kernels from the host (Llama-3.1-8B at batch 1 on 2 x H100: 6.55
-  ms/token against 5.98 on one GPU, ~680 kernels a token on each device). One-device programs hold
-  no collectives, so the option changes nothing there.
+  and a loop whose body holds a command XLA may not capture cannot run as one graph. Without it,
+  Llama-3.1-8B at batch 1 on 2 x H100 decoded at 6.55 ms/token against 5.98 on one GPU (~680
+  kernels a token on each device, each device streaming half the weights); with it: not measured
+  yet. One-device programs hold no collectives, so the option changes nothing there.
 """
 
 from __future__ import annotations
