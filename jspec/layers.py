@@ -13,7 +13,7 @@ from pallas_kernels import skinny_matmul
 from pallas_kernels._dispatch import check_impl
 from pallas_kernels.gather_rows import FP32_SCALE, gather_rows_pallas, rms_norm as _rms_norm
 
-__all__ = ["rms_norm", "rms_norm_fp32_scale", "linear", "gated_mlp", "silu_mlp"]
+__all__ = ["rms_norm", "rms_norm_fp32_scale", "linear", "fuses_norm", "gated_mlp", "silu_mlp"]
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, impl: str = "auto") -> jax.Array:
@@ -45,23 +45,51 @@ def rms_norm_fp32_scale(x: jax.Array, weight: jax.Array | None, eps: float, *, i
 
 
 def linear(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, *, impl: str = "auto",
-           parallel: TensorParallel | None = None, split: str | None = None) -> jax.Array:
+           parallel: TensorParallel | None = None, split: str | None = None,
+           norm_weight: jax.Array | None = None, eps: float = 1e-6) -> jax.Array:
     """``x [..., in] @ w [in, out]`` (+ bias) in x's dtype, accumulated in fp32. A placed model's
-    (``parallel``) ``split="column"`` / ``"row"`` weights run per device (``jspec.parallel``)."""
-    matmul = functools.partial(skinny_matmul, impl=impl)
+    (``parallel``) ``split="column"`` / ``"row"`` weights run per device (``jspec.parallel``).
+    ``norm_weight``: ``rms_norm(x, norm_weight, eps) @ w``, the norm inside the matmul kernel where
+    one runs (:func:`fuses_norm`)."""
+    if norm_weight is not None and not fuses_norm(impl, parallel):
+        x, norm_weight = rms_norm(x, norm_weight, eps, impl=impl), None
+    matmul = functools.partial(skinny_matmul, impl=impl, norm_weight=norm_weight, eps=eps)
     y = matmul(x, w) if parallel is None or split is None else getattr(parallel, split)(matmul, x, w)
     return y if bias is None else y + bias.astype(y.dtype)
 
 
+def fuses_norm(impl: str, parallel: TensorParallel | None) -> bool:
+    """Whether a norm (or a gate) goes into the matmul's dispatcher, which fuses it into the kernel
+    where that runs: one device (a placed model's matmuls run per device, the norm beside them) and
+    a kernel mode that fuses (not ``invariant``, whose norm is its own row kernel)."""
+    return (parallel is None and check_impl(impl, "skinny_matmul") in ("auto", "pallas", "xla")
+            and check_impl(impl, "gather_rows") != "invariant")
+
+
+_GATES = {jax.nn.silu: "silu"}  # activations the matmul kernel applies to the gate itself
+
+
 def gated_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, activation, *, impl: str = "auto",
-              parallel: TensorParallel | None = None) -> jax.Array:
-    """``down(activation(gate(x)) * up(x))`` with gate and up fused into one ``[hidden, 2 * inter]`` matrix."""
-    inter = gate_up.shape[-1] // 2
-    gate, up = split_columns(linear(x, gate_up, impl=impl, parallel=parallel, split="column"), (inter, inter), parallel)
-    return linear(activation(gate) * up, down, impl=impl, parallel=parallel, split="row")
+              parallel: TensorParallel | None = None, norm_weight: jax.Array | None = None,
+              eps: float = 1e-6) -> jax.Array:
+    """``down(activation(gate(x)) * up(x))`` with gate and up fused into one ``[hidden, 2 * inter]``
+    matrix; ``norm_weight``: of ``rms_norm(x, norm_weight, eps)``. On one device the norm and the
+    gating go into the gate/up matmul's kernel where it runs (one launch instead of three)."""
+    gate_name = _GATES.get(activation)
+    if gate_name is not None and fuses_norm(impl, parallel):
+        hidden = skinny_matmul(x, gate_up, impl=impl, norm_weight=norm_weight, eps=eps, gated=gate_name)
+    else:
+        if norm_weight is not None:
+            x = rms_norm(x, norm_weight, eps, impl=impl)
+        inter = gate_up.shape[-1] // 2
+        gate, up = split_columns(linear(x, gate_up, impl=impl, parallel=parallel, split="column"), (inter, inter),
+                                 parallel)
+        hidden = activation(gate) * up
+    return linear(hidden, down, impl=impl, parallel=parallel, split="row")
 
 
 def silu_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, *, impl: str = "auto",
-             parallel: TensorParallel | None = None) -> jax.Array:
+             parallel: TensorParallel | None = None, norm_weight: jax.Array | None = None,
+             eps: float = 1e-6) -> jax.Array:
     """The Llama / Qwen MLP: ``gated_mlp`` with SiLU."""
-    return gated_mlp(x, gate_up, down, jax.nn.silu, impl=impl, parallel=parallel)
+    return gated_mlp(x, gate_up, down, jax.nn.silu, impl=impl, parallel=parallel, norm_weight=norm_weight, eps=eps)

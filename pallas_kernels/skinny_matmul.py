@@ -19,19 +19,23 @@ weight-streaming GEMV/GEMM (Triton backend):
   (never an out-of-bounds ref slice; masks are only emitted where the shape needs them,
   so aligned shapes stream unmasked);
 * with ``split_k > 1`` the kernel writes fp32 partial sums ``[split_k, M, N]`` that one
-  small XLA fusion adds up and casts.
+  small XLA fusion adds up and casts;
+* fused around the product (each saves a launch per layer of a decode step, where the
+  launches of small ops are much of the time): an RMSNorm of the rows (``norm_weight``: each
+  program sums its rows' squares over all of K first) and a gated activation (``gated="silu"``:
+  w is ``[gate | up]``, each program holds one column tile of each and writes
+  ``silu(gate) * up``).
 
 ``skinny_matmul(..., impl="auto")`` uses the kernel only on a GPU and only for the shapes
 where ``benchmarks/skinny_matmul*.json`` showed it faster than XLA's dot (16-bit operands;
 the swept model shapes per M bucket up to 16 rows, other shapes at M = 1; see
 ``_auto_uses_pallas``); everywhere else (CPU, prefill) it is the reference.
-``impl="pallas"`` takes any M <= 64 (tilings: ``default_config``, swept per M bucket for the
-Llama-3.2-1B and Llama-3.1-8B projection shapes).
+``impl="pallas"`` takes any M <= 64 (tilings: :mod:`pallas_kernels.skinny_tilings`, swept per M bucket
+for the Llama-3.2-1B and Llama-3.1-8B projection shapes).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import operator
@@ -42,133 +46,66 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._dispatch import check_impl, interpret_mode, on_gpu
+from pallas_kernels.gather_rows import rms_norm
+from pallas_kernels.skinny_tilings import (  # noqa: F401 (re-exported: the tilings are part of this kernel's API)
+    _TUNED, INVARIANT_BLOCK_M, SkinnyConfig, _m_bucket, _pow2_at_least, default_config, gated_config, invariant_config,
+)
 
 MAX_M = 64  # the kernel's row limit; larger M (prefill) goes to XLA
-INVARIANT_BLOCK_M = 64  # rows per M tile of ``impl="invariant"``: a Hopper warpgroup dot (WGMMA)
 _MAX_ACCUMULATOR = 64 * 256  # fp32 accumulator elements of a program's row tiles (128 registers a thread at 4 warps)
-_NUM_SMS = 132  # H100 SXM; the split-K heuristic aims at a few waves of programs
 _SMEM_LIMIT = 220 * 1024  # pipelined tile bytes per program (227 KiB max); fewer stages beyond
 
 
-def skinny_matmul_reference(x, w, *, w_transposed=False):
+def skinny_matmul_reference(x, w, *, w_transposed=False, norm_weight=None, eps=1e-6, gated=None):
+    """``x @ w``; with ``norm_weight``, ``rms_norm(x, norm_weight, eps) @ w``; with ``gated="silu"``, w is
+    ``[gate | up]`` and the result ``silu(x @ gate) * (x @ up)``, each product rounded to x's dtype first."""
+    if norm_weight is not None:
+        x = rms_norm(x, norm_weight, eps)
     # fp32 operands: full fp32 (no TF32). 16-bit operands: default precision, which is
     # already bf16 x bf16 -> fp32; HIGHEST there made XLA's M = 1 dot 3x slower on H100.
     f32 = jnp.dtype(jnp.float32) in (jnp.dtype(x.dtype), jnp.dtype(w.dtype))
     precision = jax.lax.Precision.HIGHEST if f32 else None
-    return jnp.einsum("...k,nk->...n" if w_transposed else "...k,kn->...n", x, w, precision=precision,
-                      preferred_element_type=jnp.float32).astype(x.dtype)
+    out = jnp.einsum("...k,nk->...n" if w_transposed else "...k,kn->...n", x, w, precision=precision,
+                     preferred_element_type=jnp.float32).astype(x.dtype)
+    if gated is None:
+        return out
+    gate, up = jnp.split(out, 2, axis=-1)
+    return GATES[gated](gate) * up
 
 
-@dataclasses.dataclass(frozen=True)
-class SkinnyConfig:
-    """Tiling of the Pallas kernel (all sizes static). ``block_m``: rows per M tile, a grid axis
-    over any number of rows (None: all rows in one tile of 16..64, padded to a power of two).
-    ``ordered_splits``: add the split-K partials one after another in split order (each output
-    element the same chain of adds whatever the shape) instead of XLA's reduction, whose order
-    may follow the shape."""
-
-    block_n: int = 64
-    block_k: int = 256
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 4
-    block_m: int | None = None
-    ordered_splits: bool = False
-
-
-# Tilings from the sweeps of the Llama-3.2-1B / 3.1-8B projection shapes as the model fuses them
-# (qkv, o, gate_up, down, LM head), by M bucket (M <= 2 -> 1, 3..8 -> 5, 9..16 -> 16, 17..64 -> 32):
-# ((block_n, block_k, split_k, num_warps, num_stages), whether ``impl="auto"`` takes the kernel
-# there). The flag is set where the best tiling beat XLA's dot beyond the noise in the sweep *and*
-# again in a separate measurement. The 8B shapes were re-swept by the kernels' GPU time (steady
-# where wall time is not). Files and figures: ``benchmarks/README.md``, skinny matmul.
-_TUNED = {
-    (4096, 6144): {1: ((64, 128, 1, 4, 6), True), 5: ((64, 128, 1, 4, 6), False), 16: ((64, 128, 1, 4, 6), False)},
-    (4096, 4096): {1: ((32, 128, 1, 4, 6), True), 5: ((32, 128, 1, 4, 6), False), 16: ((32, 128, 1, 4, 6), False)},
-    (4096, 28672): {1: ((256, 64, 1, 8, 4), True), 5: ((256, 64, 1, 4, 4), False), 16: ((128, 64, 1, 4, 4), False)},
-    (14336, 4096): {1: ((32, 128, 1, 4, 6), True), 5: ((32, 128, 1, 4, 6), False), 16: ((32, 128, 1, 4, 6), False)},
-    (2048, 3072): {1: ((64, 128, 8, 8, 4), True), 5: ((128, 32, 16, 4, 4), False), 16: ((128, 128, 4, 4, 4), True)},
-    (2048, 2048): {1: ((256, 32, 16, 8, 6), True), 5: ((128, 64, 16, 4, 4), False), 16: ((64, 128, 4, 4, 4), False)},
-    (2048, 16384): {1: ((128, 64, 1, 8, 6), True), 5: ((128, 128, 1, 4, 4), False), 16: ((128, 64, 1, 4, 4), False)},
-    (8192, 2048): {1: ((128, 64, 8, 4, 6), True), 5: ((128, 32, 16, 4, 4), False), 16: ((128, 128, 8, 4, 4), False)},
-    (4096, 128256): {1: ((256, 32, 1, 4, 4), False), 5: ((128, 64, 1, 4, 4), False), 16: ((256, 32, 1, 4, 4), False)},
-    (2048, 128256): {1: ((128, 32, 1, 4, 6), True), 5: ((256, 32, 1, 4, 4), False), 16: ((256, 32, 1, 4, 4), False)},
-    (4096, 14336): {1: ((128, 64, 1, 4, 6), True), 5: ((128, 64, 1, 4, 6), False), 16: ((128, 64, 1, 4, 6), False),
-                    32: ((64, 256, 1, 4, 4), False)},
-}
-
-
-def _m_bucket(m: int) -> int:
-    return 1 if m <= 2 else 5 if m <= 8 else 16 if m <= 16 else 32
-
-
-def default_config(m: int, k: int, n: int, itemsize: int = 2) -> SkinnyConfig:
-    """Tiling for x [m, k] @ w [k, n]: the swept table where it has the shape, else the
-    rule that won the sweep at M = 1 on every swept shape: 128 x 128 tiles, split-K up to
-    >= 1.5 waves of programs (keeping >= 2 K steps per program), 4 warps, 4 stages."""
-    tuned = _TUNED.get((k, n), {}).get(_m_bucket(m)) if itemsize == 2 else None
-    return SkinnyConfig(*tuned[0]) if tuned is not None else _rule_config(k, n, itemsize)
-
-
-def _rule_config(k: int, n: int, itemsize: int) -> SkinnyConfig:
-    block_n = min(128, _pow2_at_least(n, 16))
-    block_k = min(128 if itemsize <= 2 else 64, _pow2_at_least(k, 16))
-    tiles = pl.cdiv(n, block_n)
-    split_k = 1
-    while tiles * split_k < 1.5 * _NUM_SMS and pl.cdiv(k, 2 * split_k) >= 2 * block_k:
-        split_k *= 2
-    return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=4, num_stages=4)
-
-
-# Invariant tilings that beat the one-row tiling in 64-row tiles (H100, GPU time at M = 16 and
-# M = 1, ``benchmarks/invariant_matmul_sweep_h100.json``): Llama-3.2-1B's qkv 0.0101 vs 0.0134 ms,
-# o 0.0080 vs 0.0084. (block_n, block_k, split_k, num_warps, num_stages) as in ``_TUNED``.
-_INVARIANT_TUNED = {
-    (2048, 3072): (128, 64, 4, 4, 4),
-    (2048, 2048): (64, 128, 4, 4, 4),
-}
-
-
-def invariant_config(k: int, n: int, itemsize: int = 2, *, w_transposed: bool = False) -> SkinnyConfig:
-    """A tiling that depends on the weight's shape only, never on the rows: M tiles of
-    :data:`INVARIANT_BLOCK_M` rows, split-K partials added in split order. Each row's result is then
-    the same sum in the same order whether it is computed alone, among verify rows, in a batch or in
-    a prefill (``impl="invariant"``).
-
-    64-row tiles rather than 16: H100, Llama-3.1-8B shapes, the decode step's kernels 6.16 against
-    6.47 ms (``auto`` 6.03) and a batch of 16 verifying 4 drafts (80 rows: two tiles, not five)
-    11.8 ms, tied with ``auto``'s cuBLAS GEMMs (11.9), where 16-row tiles took 1.8x ``auto``
-    (``benchmarks/decode_h100_invariant_*.json``). Within the tiles: the swept invariant tilings, else
-    the one-row tiling (:func:`default_config` at M = 1) for w [K, N]; a w [N, K] (a tied LM head read
-    as stored) reads rows of K, so it takes the untuned rule's 128 x 128 tiles, not the narrow K steps
-    tuned for the [K, N] layout (1B's tied head: 0.18 vs 0.26 ms, XLA's dot 0.18)."""
-    if w_transposed:
-        config = _rule_config(k, n, itemsize)
-    elif itemsize == 2 and (k, n) in _INVARIANT_TUNED:
-        config = SkinnyConfig(*_INVARIANT_TUNED[(k, n)])
-    else:
-        config = default_config(1, k, n, itemsize)
-    return dataclasses.replace(config, block_m=INVARIANT_BLOCK_M, ordered_splits=True)
-
-
-def _pow2_at_least(v: int, lo: int) -> int:
-    return max(lo, 1 << max(0, math.ceil(math.log2(max(v, 1)))))
-
-
-def _kernel(x_ref, w_ref, o_ref, *, m, k, n, block_m, m_tiles, block_k, block_n, k_per_split,
-            mask_m, mask_k, mask_n, compute_dtype, precision, w_transposed):
-    # x_ref: [m_tiles * block_m, k_per_split]   (rows >= m and cols >= k are out of the array)
+def _kernel(*refs, m, k, n, block_m, m_tiles, block_k, block_n, k_per_split, num_k_steps_total, mask_m, mask_k,
+            mask_n, compute_dtype, precision, w_transposed, eps, gated):
+    # refs: x, w (gate and up tiles of the same weight when ``gated``), the norm weight (with ``eps``), out.
+    # x_ref: [m_tiles * block_m, k_per_split], or every K when normalised (the row's norm needs them all)
     # w_ref: [k_per_split, block_n], or [block_n, k_per_split] when w_transposed
     # o_ref: [m_tiles * block_m, block_n]      (squeezed split dim when split_k > 1)
     # Each of the m_tiles row tiles has its own accumulator and dot, the same as one tile alone: a
     # program with several reads each weight tile once for all of them.
+    num_w = 2 if gated else 1
+    x_ref, w_refs, norm_ref, o_ref = refs[0], refs[1:1 + num_w], refs[1 + num_w] if eps is not None else None, refs[-1]
     pid_n = pl.program_id(1)
     pid_s = pl.program_id(2)
     num_k_steps = k_per_split // block_k
+    x_first_k = 0 if norm_ref is None else pid_s * k_per_split  # x_ref holds every K when normalised
 
     first_row = pl.program_id(0) * m_tiles * block_m
     rows_ok = [(first_row + t * block_m + jnp.arange(block_m) < m) if mask_m else None for t in range(m_tiles)]
     col_ok = (pid_n * block_n + jnp.arange(block_n) < n) if mask_n else None
+
+    def x_block(t, kk, k_ok):
+        return _load(x_ref.at[pl.ds(t * block_m, block_m), pl.ds(kk, block_k)], _and2d(rows_ok[t], k_ok))
+
+    inv_rms = None
+    if norm_ref is not None:  # RMSNorm's 1 / rms of each row, over all of K
+        def sum_squares(step, sums):
+            kk = pl.multiple_of(step * block_k, block_k)
+            k_ok = kk + jnp.arange(block_k) < k if mask_k else None
+            return tuple(total + jnp.sum(jnp.square(x_block(t, kk, k_ok).astype(jnp.float32)), axis=1)
+                         for t, total in enumerate(sums))
+
+        sums = jax.lax.fori_loop(0, num_k_steps_total, sum_squares,
+                                 tuple(jnp.zeros((block_m,), jnp.float32) for _ in range(m_tiles)))
+        inv_rms = [jax.lax.rsqrt(total / k + eps) for total in sums]
 
     def body(step, accs):
         kk = pl.multiple_of(step * block_k, block_k)
@@ -176,22 +113,36 @@ def _kernel(x_ref, w_ref, o_ref, *, m, k, n, block_m, m_tiles, block_k, block_n,
         if mask_k:
             k_ok = pid_s * k_per_split + kk + jnp.arange(block_k) < k
         if w_transposed:
-            wb = _load(w_ref.at[:, pl.ds(kk, block_k)], _and2d(col_ok, k_ok))
+            wbs = [_load(w_ref.at[:, pl.ds(kk, block_k)], _and2d(col_ok, k_ok)) for w_ref in w_refs]
             contract = (((1,), (1,)), ((), ()))
         else:
-            wb = _load(w_ref.at[pl.ds(kk, block_k), :], _and2d(k_ok, col_ok))
+            wbs = [_load(w_ref.at[pl.ds(kk, block_k), :], _and2d(k_ok, col_ok)) for w_ref in w_refs]
             contract = (((1,), (0,)), ((), ()))
+        norm_b = None if norm_ref is None else _load(norm_ref.at[pl.ds(x_first_k + kk, block_k)], k_ok)
         tiles = []
-        for t, (acc, row_ok) in enumerate(zip(accs, rows_ok)):
-            xb = _load(x_ref.at[pl.ds(t * block_m, block_m), pl.ds(kk, block_k)], _and2d(row_ok, k_ok))
-            tiles.append(acc + jax.lax.dot_general(xb.astype(compute_dtype), wb.astype(compute_dtype), contract,
-                                                   precision=precision, preferred_element_type=jnp.float32))
+        for t in range(m_tiles):
+            xb = x_block(t, x_first_k + kk, k_ok)
+            if norm_b is not None:  # as jspec's rms_norm: normalise in fp32, cast, then scale
+                normed = (xb.astype(jnp.float32) * inv_rms[t][:, None]).astype(xb.dtype)
+                xb = norm_b[None, :] * normed
+            tiles.append(tuple(acc + jax.lax.dot_general(xb.astype(compute_dtype), wb.astype(compute_dtype), contract,
+                                                         precision=precision, preferred_element_type=jnp.float32)
+                               for acc, wb in zip(accs[t], wbs)))
         return tuple(tiles)
 
-    accs = jax.lax.fori_loop(0, num_k_steps, body,
-                             tuple(jnp.zeros((block_m, block_n), jnp.float32) for _ in range(m_tiles)))
-    for t, (acc, row_ok) in enumerate(zip(accs, rows_ok)):
-        plgpu.store(o_ref.at[pl.ds(t * block_m, block_m), :], acc.astype(o_ref.dtype), mask=_and2d(row_ok, col_ok))
+    zeros = tuple(tuple(jnp.zeros((block_m, block_n), jnp.float32) for _ in range(num_w)) for _ in range(m_tiles))
+    accs = jax.lax.fori_loop(0, num_k_steps, body, zeros)
+    for t, acc in enumerate(accs):
+        if gated:  # act(gate) * up from the outputs rounded as the unfused matmul would round them
+            gate, up = (a.astype(o_ref.dtype).astype(jnp.float32) for a in acc)
+            out = _ACTIVATIONS[gated](gate) * up
+        else:
+            out = acc[0]
+        plgpu.store(o_ref.at[pl.ds(t * block_m, block_m), :], out.astype(o_ref.dtype), mask=_and2d(rows_ok[t], col_ok))
+
+
+_ACTIVATIONS = {"silu": lambda x: x / (1 + jnp.exp(-x))}  # of the gate, in the ``gated`` epilogue (fp32)
+GATES = {"silu": jax.nn.silu}  # the same, as the reference (and the unfused MLP) applies it
 
 
 def _and2d(rows, cols):
@@ -211,47 +162,67 @@ def _load(ref, mask):
     return plgpu.load(ref, mask=mask, other=0)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "interpret", "w_transposed"))
-def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool, w_transposed: bool = False):
+@functools.partial(jax.jit, static_argnames=("config", "interpret", "w_transposed", "eps", "gated"))
+def _skinny_matmul_pallas_2d(x, w, norm_weight=None, *, config: SkinnyConfig, interpret: bool, w_transposed: bool = False,
+                             eps: float | None = None, gated: str | None = None):
     m, k = x.shape
     n, k2 = w.shape if w_transposed else w.shape[::-1]
     assert k == k2, (x.shape, w.shape)
     cfg = config
     if m > MAX_M and cfg.block_m is None:
         raise ValueError(f"the skinny-matmul kernel takes at most {MAX_M} rows in one tile, got {m}")
+    if gated is not None:  # the gate's and up's column tiles side by side, one output tile: no split-K partials
+        if w_transposed or n % 2 or (n // 2) % cfg.block_n or cfg.split_k != 1:
+            raise ValueError(f"a gated product needs w [K, N] with N / 2 a multiple of block_n and no split-K, got "
+                             f"N = {n}, {cfg}, w_transposed={w_transposed}")
+        n //= 2
     block_m = cfg.block_m or _pow2_at_least(m, 16)
     block_k, block_n, split_k = cfg.block_k, cfg.block_n, cfg.split_k
     for name, v in (("block_k", block_k), ("block_n", block_n)):
         if v < 16 or v & (v - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {v}")
-    itemsize = jnp.dtype(jnp.promote_types(x.dtype, w.dtype)).itemsize
+    normed_dtype = x.dtype if norm_weight is None else jnp.promote_types(x.dtype, norm_weight.dtype)
+    compute_dtype = jnp.promote_types(normed_dtype, w.dtype)
+    itemsize = jnp.dtype(compute_dtype).itemsize
+    num_w = 2 if gated else 1
     # Row tiles per program (``impl="invariant"``): every tile of up to _MAX_ACCUMULATOR rows x
     # block_n in one program, so the weight is read once for all of them.
-    m_tiles = 1 if cfg.block_m is None else max(1, min(pl.cdiv(m, block_m), _MAX_ACCUMULATOR // (block_m * block_n)))
+    m_tiles = 1 if cfg.block_m is None else max(1, min(pl.cdiv(m, block_m),
+                                                       _MAX_ACCUMULATOR // (block_m * block_n * num_w)))
     rows_per_program = m_tiles * block_m
     num_stages = cfg.num_stages  # Triton allocates num_stages buffers of both tiles
-    while num_stages > 1 and (num_stages * (block_k * block_n + rows_per_program * block_k)
+    while num_stages > 1 and (num_stages * (num_w * block_k * block_n + rows_per_program * block_k)
                               * itemsize > _SMEM_LIMIT):
         num_stages -= 1
     steps = pl.cdiv(pl.cdiv(k, split_k), block_k)
     k_per_split = steps * block_k
     split_k = pl.cdiv(k, k_per_split)  # drop splits that would be empty
     grid = (pl.cdiv(m, rows_per_program), pl.cdiv(n, block_n), split_k)
-    compute_dtype = jnp.promote_types(x.dtype, w.dtype)
     precision = (jax.lax.Precision.HIGHEST if compute_dtype == jnp.float32
                  else jax.lax.Precision.DEFAULT)
     kernel = functools.partial(
         _kernel, m=m, k=k, n=n, block_m=block_m, m_tiles=m_tiles, block_k=block_k, block_n=block_n,
-        k_per_split=k_per_split, mask_m=m % rows_per_program != 0,
+        k_per_split=k_per_split, num_k_steps_total=split_k * steps, mask_m=m % rows_per_program != 0,
         mask_k=split_k * k_per_split != k, mask_n=n % block_n != 0,
-        compute_dtype=compute_dtype, precision=precision, w_transposed=w_transposed)
-    in_specs = [
-        pl.BlockSpec((rows_per_program, k_per_split), lambda r, i, s: (r, s)),
-        pl.BlockSpec((block_n, k_per_split), lambda r, i, s: (i, s)) if w_transposed
-        else pl.BlockSpec((k_per_split, block_n), lambda r, i, s: (s, i)),
-    ]
+        compute_dtype=compute_dtype, precision=precision, w_transposed=w_transposed,
+        eps=None if norm_weight is None else float(eps), gated=gated)
+    if norm_weight is None:
+        x_spec = pl.BlockSpec((rows_per_program, k_per_split), lambda r, i, s: (r, s))
+    else:  # every program reads its rows' every K for their norm
+        x_spec = pl.BlockSpec((rows_per_program, split_k * k_per_split), lambda r, i, s: (r, 0))
+    if w_transposed:
+        w_specs = [pl.BlockSpec((block_n, k_per_split), lambda r, i, s: (i, s))]
+    else:
+        w_specs = [pl.BlockSpec((k_per_split, block_n), lambda r, i, s, c=c: (s, i + c * (n // block_n)))
+                   for c in range(num_w)]
+    in_specs = [x_spec, *w_specs]
+    operands = [x, *[w] * num_w]
+    if norm_weight is not None:
+        in_specs.append(pl.BlockSpec((split_k * k_per_split,), lambda r, i, s: (0,)))
+        operands.append(norm_weight)
+    out_dtype = normed_dtype
     if split_k == 1:
-        out_shape = jax.ShapeDtypeStruct((m, n), x.dtype)
+        out_shape = jax.ShapeDtypeStruct((m, n), out_dtype)
         out_spec = pl.BlockSpec((rows_per_program, block_n), lambda r, i, s: (r, i))
     else:
         out_shape = jax.ShapeDtypeStruct((split_k, m, n), jnp.float32)
@@ -266,15 +237,18 @@ def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool, w_t
                                              num_stages=num_stages),
         interpret=interpret,
         name="skinny_matmul",
-    )(x, w)
+    )(*operands)
     if split_k > 1:
-        out = (functools.reduce(operator.add, list(out)) if cfg.ordered_splits else out.sum(axis=0)).astype(x.dtype)
+        out = (functools.reduce(operator.add, list(out)) if cfg.ordered_splits else out.sum(axis=0)).astype(out_dtype)
     return out
 
 
-def skinny_matmul_pallas(x, w, *, config: SkinnyConfig | None = None, interpret=None, w_transposed=False):
+def skinny_matmul_pallas(x, w, *, config: SkinnyConfig | None = None, interpret=None, w_transposed=False,
+                         norm_weight=None, eps: float = 1e-6, gated: str | None = None):
     """The Pallas kernel for x [..., K] (at most MAX_M rows after flattening, unless the config
-    has M tiles), w [K, N] (or [N, K] with ``w_transposed``)."""
+    has M tiles), w [K, N] (or [N, K] with ``w_transposed``). ``norm_weight`` [K]: the rows are
+    RMS-normalised first, in the kernel (:func:`skinny_matmul_reference`). ``gated="silu"``: w is
+    ``[gate | up]`` and the result ``silu(x @ gate) * (x @ up)`` [..., N / 2], also in the kernel."""
     if interpret is None:
         interpret = interpret_mode()
     lead = x.shape[:-1]
@@ -282,8 +256,11 @@ def skinny_matmul_pallas(x, w, *, config: SkinnyConfig | None = None, interpret=
     k, n = w.shape[::-1] if w_transposed else w.shape
     if config is None:
         config = default_config(x2.shape[0], k, n, jnp.dtype(jnp.promote_types(x.dtype, w.dtype)).itemsize)
-    out = _skinny_matmul_pallas_2d(x2, w, config=config, interpret=bool(interpret), w_transposed=w_transposed)
-    return out.reshape(*lead, n)
+        if gated is not None:
+            config = gated_config(config, n)
+    out = _skinny_matmul_pallas_2d(x2, w, norm_weight, config=config, interpret=bool(interpret),
+                                   w_transposed=w_transposed, eps=None if norm_weight is None else eps, gated=gated)
+    return out.reshape(*lead, out.shape[-1])
 
 
 def _auto_uses_pallas(m: int, k: int, n: int, x_dtype, w_dtype) -> bool:
@@ -303,13 +280,24 @@ def _auto_uses_pallas(m: int, k: int, n: int, x_dtype, w_dtype) -> bool:
     return m == 1 and k >= 1024 and 1024 <= n <= 32768
 
 
-def skinny_matmul(x, w, *, impl="auto", w_transposed=False):
+def skinny_matmul(x, w, *, impl="auto", w_transposed=False, norm_weight=None, eps=1e-6, gated=None):
     """Dispatcher: ``x @ w`` for x [..., K], w [K, N] -> [..., N] (w [N, K] with ``w_transposed``).
-    ``impl="invariant"``: the kernel with :func:`invariant_config`, for any number of rows."""
+    ``impl="invariant"``: the kernel with :func:`invariant_config`, for any number of rows.
+
+    ``norm_weight`` [K] (RMSNorm of the rows first) and ``gated="silu"`` (w is ``[gate | up]``; the
+    result ``silu(x @ gate) * (x @ up)``, [..., N / 2]): fused into the kernel wherever it runs
+    (``"pallas"``; ``"auto"`` where it takes the kernel for ``x @ w``), saving the launches of the norm and
+    of the activation; elsewhere the reference composes them. Not under ``"invariant"``, whose norm
+    is its own row kernel (``jspec.layers.rms_norm``)."""
     impl = check_impl(impl, "skinny_matmul")
     m = math.prod(x.shape[:-1])
     k, n = w.shape[::-1] if w_transposed else w.shape
+    fused = dict(norm_weight=norm_weight, eps=eps, gated=gated)
+    if gated is not None and gated not in GATES:
+        raise ValueError(f"gated must be one of {sorted(GATES)}, got {gated!r}")
     if impl == "invariant":
+        if norm_weight is not None or gated is not None:
+            raise ValueError("impl='invariant' does not fuse a norm or a gate into the matmul: compose them")
         itemsize = jnp.dtype(jnp.promote_types(x.dtype, w.dtype)).itemsize
         config = invariant_config(k, n, itemsize, w_transposed=w_transposed)
         return skinny_matmul_pallas(x, w, config=config, w_transposed=w_transposed)
@@ -317,7 +305,19 @@ def skinny_matmul(x, w, *, impl="auto", w_transposed=False):
         if m > MAX_M:
             raise ValueError(
                 f"the skinny-matmul kernel takes at most {MAX_M} rows, got {m}; use impl='auto'")
-        return skinny_matmul_pallas(x, w, w_transposed=w_transposed)
-    if impl == "auto" and not w_transposed and on_gpu() and _auto_uses_pallas(m, k, n, x.dtype, w.dtype):
-        return skinny_matmul_pallas(x, w, interpret=False)
-    return skinny_matmul_reference(x, w, w_transposed=w_transposed)
+        if _fits_gated(m, k, n, x.dtype, w.dtype, gated):
+            return skinny_matmul_pallas(x, w, w_transposed=w_transposed, **fused)
+        gate, up = jnp.split(skinny_matmul_pallas(x, w, norm_weight=norm_weight, eps=eps), 2, axis=-1)
+        return GATES[gated](gate) * up
+    if (impl == "auto" and not w_transposed and on_gpu() and _auto_uses_pallas(m, k, n, x.dtype, w.dtype)
+            and _fits_gated(m, k, n, x.dtype, w.dtype, gated)):
+        return skinny_matmul_pallas(x, w, interpret=False, **fused)
+    return skinny_matmul_reference(x, w, w_transposed=w_transposed, **fused)
+
+
+def _fits_gated(m, k, n, x_dtype, w_dtype, gated) -> bool:
+    """Whether the gated product's tiling covers gate and up in whole tiles (always, ungated)."""
+    if gated is None:
+        return True
+    itemsize = jnp.dtype(jnp.promote_types(x_dtype, w_dtype)).itemsize
+    return n % 2 == 0 and (n // 2) % gated_config(default_config(m, k, n, itemsize), n).block_n == 0

@@ -89,3 +89,16 @@ def test_skinny_matmul_lowers_for_cuda(m, k, n, dtype, cfg):
 
     text = lower_for_cuda(fn, _S((m, k), dtype), _S((k, n), dtype))
     assert triton_kernel_count(text) >= 1
+
+
+@pytest.mark.parametrize("m,k,n,gated", [(1, 2048, 3072, None), (5, 2048, 16384, "silu"), (3, 576, 3072, "silu")])
+def test_skinny_matmul_with_norm_and_gate_lowers_for_cuda(m, k, n, gated):
+    import importlib
+
+    sm = importlib.import_module("pallas_kernels.skinny_matmul")
+
+    def fn(x, w, norm_weight):
+        return sm.skinny_matmul_pallas(x, w, norm_weight=norm_weight, gated=gated, interpret=False)
+
+    text = lower_for_cuda(fn, _S((m, k), jnp.bfloat16), _S((k, n), jnp.bfloat16), _S((k,), jnp.bfloat16))
+    assert triton_kernel_count(text) == 1  # the norm and the gate live inside the one kernel
