@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec.parallel import TensorParallel
+from pallas_kernels.rope_write import write_rows  # noqa: F401 (a batched in-place row write; the kernel's too)
 
 
 @jax.tree_util.register_dataclass
@@ -69,14 +70,3 @@ class KVCache:
         return dataclasses.replace(self, lengths=self.lengths + jnp.asarray(num_rows, jnp.int32))
 
 
-def write_rows(buffer: jax.Array, rows: jax.Array, offsets: jax.Array) -> jax.Array:
-    """Write ``rows [batch, kv_heads, T, head_dim]`` into ``buffer`` at per-sequence ``offsets [batch]``.
-
-    A batched dynamic-update-slice: XLA lowers it to an in-place scatter, so a donated
-    buffer is updated without a copy. Callers guarantee ``offsets + T <= max_len``.
-    """
-
-    def one(buf, new, offset):
-        return jax.lax.dynamic_update_slice_in_dim(buf, new, offset, axis=1)
-
-    return jax.vmap(one)(buffer, rows.astype(buffer.dtype), offsets)

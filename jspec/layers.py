@@ -8,12 +8,15 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from jspec.kv import write_rows
 from jspec.parallel import TensorParallel, split_columns
+from jspec.rope import apply_rope
 from pallas_kernels import skinny_matmul
 from pallas_kernels._dispatch import check_impl
 from pallas_kernels.gather_rows import FP32_SCALE, gather_rows_pallas, rms_norm as _rms_norm
+from pallas_kernels.rope_write import rope_write
 
-__all__ = ["rms_norm", "rms_norm_fp32_scale", "linear", "fuses_norm", "gated_mlp", "silu_mlp"]
+__all__ = ["rms_norm", "rms_norm_fp32_scale", "linear", "fuses_norm", "gated_mlp", "silu_mlp", "rope_and_write"]
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, impl: str = "auto") -> jax.Array:
@@ -93,3 +96,25 @@ def silu_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, *, impl: str = "
              eps: float = 1e-6) -> jax.Array:
     """The Llama / Qwen MLP: ``gated_mlp`` with SiLU."""
     return gated_mlp(x, gate_up, down, jax.nn.silu, impl=impl, parallel=parallel, norm_weight=norm_weight, eps=eps)
+
+
+def rope_and_write(qkv: jax.Array, parts: tuple[int, int, int], cos: jax.Array, sin: jax.Array, k_buf: jax.Array,
+                   v_buf: jax.Array, kv_lengths: jax.Array, *, head_dim: int, q_norm: jax.Array | None = None,
+                   k_norm: jax.Array | None = None, eps: float = 1e-6, impl: str = "auto",
+                   parallel: TensorParallel | None = None):
+    """From a fused q/k/v projection ``qkv [batch, T, sum(parts)]``: q and k per head (RMS-normed by
+    ``q_norm`` / ``k_norm`` first where given), rotated, and k and v written into the caches
+    ``[batch, kv_heads, L, head_dim]`` at ``kv_lengths``. Returns ``(q [batch, T, heads, head_dim],
+    k_buf, v_buf)``. One kernel launch (``pallas_kernels.rope_write``) where it runs and
+    :func:`fuses_norm` allows; else the composition of the pieces."""
+    batch, rows, _ = qkv.shape
+    num_heads, num_kv_heads = parts[0] // head_dim, parts[1] // head_dim
+    if fuses_norm(impl, parallel):
+        return rope_write(qkv, cos, sin, k_buf, v_buf, kv_lengths, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                          q_norm=q_norm, k_norm=k_norm, eps=eps, impl=impl)
+    q, k, v = (x.reshape(batch, rows, -1, head_dim) for x in split_columns(qkv, parts, parallel))
+    if q_norm is not None:
+        q, k = rms_norm(q, q_norm, eps, impl=impl), rms_norm(k, k_norm, eps, impl=impl)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    return q, write_rows(k_buf, k.transpose(0, 2, 1, 3), kv_lengths), write_rows(v_buf, v.transpose(0, 2, 1, 3),
+                                                                                  kv_lengths)

@@ -102,3 +102,23 @@ def test_skinny_matmul_with_norm_and_gate_lowers_for_cuda(m, k, n, gated):
 
     text = lower_for_cuda(fn, _S((m, k), jnp.bfloat16), _S((k, n), jnp.bfloat16), _S((k,), jnp.bfloat16))
     assert triton_kernel_count(text) == 1  # the norm and the gate live inside the one kernel
+
+
+# --- rope + cache write (pallas_kernels/rope_write.py) ----------------------------------------
+
+@pytest.mark.parametrize("rows,qk_norm", [(1, False), (5, True), (100, False)])
+def test_rope_write_lowers_for_cuda(rows, qk_norm):
+    from pallas_kernels.rope_write import rope_write_pallas
+
+    heads, kv_heads, d, batch = 32, 8, 128, 2
+    norms = (_S((d,), jnp.bfloat16),) * 2 if qk_norm else ()
+
+    def fn(qkv, cos, sin, k_buf, v_buf, lengths, *norm):
+        return rope_write_pallas(qkv, cos, sin, k_buf, v_buf, lengths, *norm, num_heads=heads, num_kv_heads=kv_heads,
+                                 interpret=False)
+
+    table = _S((batch, rows, d), jnp.bfloat16)
+    cache = _S((batch, kv_heads, 1024, d), jnp.bfloat16)
+    text = lower_for_cuda(fn, _S((batch, rows, (heads + 2 * kv_heads) * d), jnp.bfloat16), table, table, cache, cache,
+                          _S((batch,), jnp.int32), *norms)
+    assert triton_kernel_count(text) == 1

@@ -14,13 +14,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jspec.kv import KVCache, write_rows
-from jspec.parallel import TensorParallel, per_head, split_columns
-from jspec.layers import linear, rms_norm, silu_mlp
+from jspec.kv import KVCache
+from jspec.parallel import TensorParallel, per_head
+from jspec.layers import linear, rms_norm, rope_and_write, silu_mlp
 from jspec.models.base import (NO_CAPTURE, Capture, as_is, lm_head, random_matrix, random_norm_weight,
                                token_positions)
 from jspec.models.llama.config import LlamaConfig
-from jspec.rope import apply_rope, rope_cos_sin
+from jspec.rope import rope_cos_sin
 from pallas_kernels import decode_attention, gather_rows
 
 
@@ -90,16 +90,9 @@ def attention(
         raise ValueError("keep_rows and tree_mask together are not supported")
     qkv = linear(h, layer.qkv, layer.qkv_bias, impl=impl, parallel=parallel, split="column", norm_weight=norm_weight,
                  eps=c.rms_norm_eps)
-    q, k, v = split_columns(qkv, qkv_parts(c), parallel)
-    q = q.reshape(batch, num_rows, c.num_heads, c.head_dim)
-    k = k.reshape(batch, num_rows, c.num_kv_heads, c.head_dim)
-    v = v.reshape(batch, num_rows, c.num_kv_heads, c.head_dim)
-    if layer.q_norm is not None:
-        q = rms_norm(q, layer.q_norm, c.rms_norm_eps, impl=impl)
-        k = rms_norm(k, layer.k_norm, c.rms_norm_eps, impl=impl)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    k_buf = write_rows(k_buf, k.transpose(0, 2, 1, 3), lengths)
-    v_buf = write_rows(v_buf, v.transpose(0, 2, 1, 3), lengths)
+    q, k_buf, v_buf = rope_and_write(qkv, qkv_parts(c), cos, sin, k_buf, v_buf, lengths, head_dim=c.head_dim,
+                                     q_norm=layer.q_norm, k_norm=layer.k_norm, eps=c.rms_norm_eps, impl=impl,
+                                     parallel=parallel)
     if keep_rows is not None:
         q = gather_rows(q.reshape(batch, num_rows, c.q_size), keep_rows, impl=impl)
         q = q.reshape(batch, 1, c.num_heads, c.head_dim)
