@@ -11,9 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels import decode_attention, gather_rows
+from pallas_kernels import decode_attention, gather_rows, skinny_matmul
 from pallas_kernels.decode_attention import decode_attention_pallas, decode_attention_reference
 from pallas_kernels.decode_tiling import tiling
+from pallas_kernels.rope_write import rope_write
 
 
 def decode_attention_inputs(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, lengths, *,
@@ -175,11 +176,52 @@ def check_gather_rows(seed=0):
         yield _compare(entry, lambda: fns["pallas"](x, rows, w), lambda: fns["xla"](x, rows, w), (2e-2, 1e-2))
 
 
+def check_fused_matmul(seed=0):
+    """The skinny matmul with its norm prologue and gated epilogue (decode / verify rows at the
+    1B and SmolLM2 projection shapes, a ragged K)."""
+    rng = np.random.default_rng(seed)
+    for m, k, n, norm, gated in [(1, 2048, 3072, True, None), (5, 2048, 16384, True, "silu"),
+                                 (1, 576, 3072, True, "silu"), (3, 1000, 1536, False, "silu")]:
+        x = jnp.asarray(3 * rng.standard_normal((m, k)), jnp.bfloat16)
+        w = jnp.asarray(rng.standard_normal((k, n)) / np.sqrt(k), jnp.bfloat16)
+        weight = jnp.asarray(1 + 0.1 * rng.standard_normal(k), jnp.bfloat16) if norm else None
+        fns = {impl: jax.jit(lambda x, w, nw, impl=impl: skinny_matmul(x, w, impl=impl, norm_weight=nw, eps=1e-5,
+                                                                        gated=gated)) for impl in ("pallas", "xla")}
+        entry = dict(measure="check", name=f"skinny_matmul_{m}x{k}x{n}_norm{norm}_gated{gated}")
+        yield _compare(entry, lambda: fns["pallas"](x, w, weight), lambda: fns["xla"](x, w, weight), (3e-2, 2e-2))
+
+
+def check_rope_write(seed=0):
+    """RoPE + the K/V cache write at Llama / Qwen3 head shapes, ragged lengths; the caches' rows past
+    the new ones are NaN and must stay so (compared as written: NaN where the reference has NaN)."""
+    rng = np.random.default_rng(seed)
+    for batch, rows, heads, kv_heads, head_dim, qk_norm in [(4, 1, 32, 8, 128, False), (3, 5, 16, 8, 128, True),
+                                                          (2, 80, 32, 8, 64, False)]:
+        max_len = 512
+        qkv = jnp.asarray(rng.standard_normal((batch, rows, (heads + 2 * kv_heads) * head_dim)), jnp.bfloat16)
+        angles = np.tile(rng.uniform(0, 6, (batch, rows, head_dim // 2)), 2)
+        cos, sin = (jnp.asarray(f(angles), jnp.bfloat16) for f in (np.cos, np.sin))
+        lengths = jnp.asarray(rng.integers(0, max_len - rows + 1, size=batch), jnp.int32)
+        past = np.arange(max_len)[None, None, :, None] >= np.asarray(lengths)[:, None, None, None]
+        caches = [jnp.asarray(np.where(past, np.nan, rng.standard_normal((batch, kv_heads, max_len, head_dim))),
+                              jnp.bfloat16) for _ in range(2)]
+        norms = ([jnp.asarray(1 + 0.1 * rng.standard_normal(head_dim), jnp.bfloat16) for _ in range(2)]
+                 if qk_norm else [None, None])
+        fns = {impl: jax.jit(lambda *a, impl=impl: jnp.concatenate([x.reshape(-1) for x in rope_write(
+            *a[:6], num_heads=heads, num_kv_heads=kv_heads, q_norm=a[6], k_norm=a[7], impl=impl)]))
+            for impl in ("pallas", "xla")}
+        args = (qkv, cos, sin, *caches, lengths, *norms)
+        entry = dict(measure="check", name=f"rope_write_b{batch}_t{rows}_h{heads}_{kv_heads}_d{head_dim}_qknorm{qk_norm}")
+        # NaN -> a sentinel: a row written where it must not be, or left unwritten, mismatches
+        yield _compare(entry, lambda: np.nan_to_num(np.asarray(fns["pallas"](*args), np.float32), nan=1e4),
+                       lambda: np.nan_to_num(np.asarray(fns["xla"](*args), np.float32), nan=1e4), (2e-2, 1e-2))
+
+
 def run_check(max_len_cap=None, seed=0) -> list[dict]:
     """One ``check`` row per case, each printed as it finishes."""
     rows = []
     for entry in itertools.chain(check_decode_attention(max_len_cap, seed), check_split_merge(max_len_cap, seed=seed),
-                                 check_gather_rows(seed)):
+                                 check_gather_rows(seed), check_fused_matmul(seed), check_rope_write(seed)):
         rows.append(entry)
         print(json.dumps(entry, default=float))
     return rows
