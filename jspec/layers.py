@@ -1,5 +1,6 @@
-"""Building blocks shared by every model family: norms and projections (through the kernels'
-dispatchers); rotary embeddings live in ``jspec.rope``."""
+"""Building blocks shared by every model family, through the kernels' dispatchers: norms,
+projections (a norm fused into them where a kernel runs), the gated MLP, and RoPE with the K/V
+cache write after the q/k/v projection; the rotary tables live in ``jspec.rope``."""
 
 from __future__ import annotations
 
