@@ -11,13 +11,13 @@ import jax.numpy as jnp
 
 from jspec.kv import write_rows
 from jspec.parallel import TensorParallel, split_columns
-from jspec.rope import apply_rope
 from pallas_kernels import skinny_matmul
 from pallas_kernels._dispatch import check_impl
 from pallas_kernels.gather_rows import FP32_SCALE, gather_rows_pallas, rms_norm as _rms_norm
-from pallas_kernels.rope_write import rope_write
+from pallas_kernels.rope_write import rope_write, rotate_half
 
-__all__ = ["rms_norm", "rms_norm_fp32_scale", "linear", "fuses_norm", "gated_mlp", "silu_mlp", "rope_and_write"]
+__all__ = ["rms_norm", "rms_norm_fp32_scale", "linear", "fuses_norm", "gated_mlp", "silu_mlp", "apply_rope",
+           "rope_and_write"]
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, impl: str = "auto") -> jax.Array:
@@ -97,6 +97,11 @@ def silu_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, *, impl: str = "
              eps: float = 1e-6) -> jax.Array:
     """The Llama / Qwen MLP: ``gated_mlp`` with SiLU."""
     return gated_mlp(x, gate_up, down, jax.nn.silu, impl=impl, parallel=parallel, norm_weight=norm_weight, eps=eps)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate-half ("NeoX") RoPE. ``x [batch, T, heads, head_dim]``, cos/sin ``[batch, T, head_dim]``."""
+    return rotate_half(x, cos[:, :, None, :], sin[:, :, None, :])
 
 
 def rope_and_write(qkv: jax.Array, parts: tuple[int, int, int], cos: jax.Array, sin: jax.Array, k_buf: jax.Array,

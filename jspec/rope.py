@@ -1,5 +1,5 @@
-"""Rotary position embeddings: inverse frequencies (numpy, static config data), cos / sin tables
-and the rotate-half rotation. No kernels here, so that configs can import it."""
+"""Rotary position embeddings: inverse frequencies (numpy, static config data) and cos / sin tables.
+No kernels here, so that configs can import it; the rotation is ``jspec.layers.apply_rope``."""
 
 from __future__ import annotations
 
@@ -22,10 +22,3 @@ def rope_cos_sin(positions: jax.Array, inv_freq: jax.Array, dtype) -> tuple[jax.
     angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [batch, T, head_dim // 2]
     angles = jnp.concatenate([angles, angles], axis=-1)
     return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
-
-
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotate-half ("NeoX") RoPE. ``x [batch, T, heads, head_dim]``, cos/sin ``[batch, T, head_dim]``."""
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]

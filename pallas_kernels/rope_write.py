@@ -29,7 +29,8 @@ MAX_BLOCK_T = 64  # rows of one program; longer inputs (prefill) take several T 
 
 
 def rotate_half(x, cos, sin):
-    """NeoX RoPE of ``x [..., D]`` with tables broadcast to it: ``x * cos + rotated * sin``."""
+    """NeoX RoPE of ``x [..., D]`` with tables broadcast to it: ``x * cos + rotated * sin`` (the one
+    rotation of the library: ``jspec.layers.apply_rope`` applies it per head)."""
     half = x.shape[-1] // 2
     return x * cos + jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin
 

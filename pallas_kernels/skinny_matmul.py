@@ -135,14 +135,13 @@ def _kernel(*refs, m, k, n, block_m, m_tiles, block_k, block_n, k_per_split, num
     for t, acc in enumerate(accs):
         if gated:  # act(gate) * up from the outputs rounded as the unfused matmul would round them
             gate, up = (a.astype(o_ref.dtype).astype(jnp.float32) for a in acc)
-            out = _ACTIVATIONS[gated](gate) * up
+            out = GATES[gated](gate) * up
         else:
             out = acc[0]
         plgpu.store(o_ref.at[pl.ds(t * block_m, block_m), :], out.astype(o_ref.dtype), mask=_and2d(rows_ok[t], col_ok))
 
 
-_ACTIVATIONS = {"silu": lambda x: x / (1 + jnp.exp(-x))}  # of the gate, in the ``gated`` epilogue (fp32)
-GATES = {"silu": jax.nn.silu}  # the same, as the reference (and the unfused MLP) applies it
+GATES = {"silu": jax.nn.silu}  # activations of the gate: the kernel's epilogue (in fp32) and the reference
 
 
 def _and2d(rows, cols):
