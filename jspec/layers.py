@@ -1,6 +1,6 @@
 """Building blocks shared by every model family, through the kernels' dispatchers: norms,
-projections (a norm fused into them where a kernel runs), the gated MLP, and RoPE with the K/V
-cache write after the q/k/v projection; the rotary tables live in ``jspec.rope``."""
+projections, the gated MLP (its gate fused into the gate/up matmul where a kernel runs), and RoPE
+with the K/V cache write after the q/k/v projection; the rotary tables live in ``jspec.rope``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pallas_kernels._dispatch import check_impl
 from pallas_kernels.gather_rows import FP32_SCALE, gather_rows_pallas, rms_norm as _rms_norm
 from pallas_kernels.rope_write import rope_write, rotate_half
 
-__all__ = ["rms_norm", "rms_norm_fp32_scale", "linear", "fuses_norm", "gated_mlp", "silu_mlp", "apply_rope",
+__all__ = ["rms_norm", "rms_norm_fp32_scale", "linear", "fuses_around_kernels", "gated_mlp", "silu_mlp", "apply_rope",
            "rope_and_write"]
 
 
@@ -49,23 +49,19 @@ def rms_norm_fp32_scale(x: jax.Array, weight: jax.Array | None, eps: float, *, i
 
 
 def linear(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, *, impl: str = "auto",
-           parallel: TensorParallel | None = None, split: str | None = None,
-           norm_weight: jax.Array | None = None, eps: float = 1e-6) -> jax.Array:
+           parallel: TensorParallel | None = None, split: str | None = None) -> jax.Array:
     """``x [..., in] @ w [in, out]`` (+ bias) in x's dtype, accumulated in fp32. A placed model's
-    (``parallel``) ``split="column"`` / ``"row"`` weights run per device (``jspec.parallel``).
-    ``norm_weight``: ``rms_norm(x, norm_weight, eps) @ w``, the norm inside the matmul kernel where
-    one runs (:func:`fuses_norm`)."""
-    if norm_weight is not None and not fuses_norm(impl, parallel):
-        x, norm_weight = rms_norm(x, norm_weight, eps, impl=impl), None
-    matmul = functools.partial(skinny_matmul, impl=impl, norm_weight=norm_weight, eps=eps)
+    (``parallel``) ``split="column"`` / ``"row"`` weights run per device (``jspec.parallel``)."""
+    matmul = functools.partial(skinny_matmul, impl=impl)
     y = matmul(x, w) if parallel is None or split is None else getattr(parallel, split)(matmul, x, w)
     return y if bias is None else y + bias.astype(y.dtype)
 
 
-def fuses_norm(impl: str, parallel: TensorParallel | None) -> bool:
-    """Whether a norm (or a gate) goes into the matmul's dispatcher, which fuses it into the kernel
-    where that runs: one device (a placed model's matmuls run per device, the norm beside them) and
-    a kernel mode that fuses (not ``invariant``, whose norm is its own row kernel)."""
+def fuses_around_kernels(impl: str, parallel: TensorParallel | None) -> bool:
+    """Whether the work around a kernel (the MLP's gate, RoPE and the cache write) goes to that
+    kernel's dispatcher, which fuses it where the kernel runs: one device (a placed model's matmuls
+    run per device, the rest beside them) and a kernel mode that fuses (not ``invariant``, which
+    keeps every op in its pinned form)."""
     return (parallel is None and check_impl(impl, "skinny_matmul") in ("auto", "pallas", "xla")
             and check_impl(impl, "gather_rows") != "invariant")
 
@@ -74,17 +70,14 @@ _GATES = {jax.nn.silu: "silu"}  # activations the matmul kernel applies to the g
 
 
 def gated_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, activation, *, impl: str = "auto",
-              parallel: TensorParallel | None = None, norm_weight: jax.Array | None = None,
-              eps: float = 1e-6) -> jax.Array:
+              parallel: TensorParallel | None = None) -> jax.Array:
     """``down(activation(gate(x)) * up(x))`` with gate and up fused into one ``[hidden, 2 * inter]``
-    matrix; ``norm_weight``: of ``rms_norm(x, norm_weight, eps)``. On one device the norm and the
-    gating go into the gate/up matmul's kernel where it runs (one launch instead of three)."""
+    matrix. On one device the gating goes into the gate/up matmul's kernel where it runs (one launch
+    instead of two)."""
     gate_name = _GATES.get(activation)
-    if gate_name is not None and fuses_norm(impl, parallel):
-        hidden = skinny_matmul(x, gate_up, impl=impl, norm_weight=norm_weight, eps=eps, gated=gate_name)
+    if gate_name is not None and fuses_around_kernels(impl, parallel):
+        hidden = skinny_matmul(x, gate_up, impl=impl, gated=gate_name)
     else:
-        if norm_weight is not None:
-            x = rms_norm(x, norm_weight, eps, impl=impl)
         inter = gate_up.shape[-1] // 2
         gate, up = split_columns(linear(x, gate_up, impl=impl, parallel=parallel, split="column"), (inter, inter),
                                  parallel)
@@ -93,10 +86,9 @@ def gated_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, activation, *, 
 
 
 def silu_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, *, impl: str = "auto",
-             parallel: TensorParallel | None = None, norm_weight: jax.Array | None = None,
-             eps: float = 1e-6) -> jax.Array:
+             parallel: TensorParallel | None = None) -> jax.Array:
     """The Llama / Qwen MLP: ``gated_mlp`` with SiLU."""
-    return gated_mlp(x, gate_up, down, jax.nn.silu, impl=impl, parallel=parallel, norm_weight=norm_weight, eps=eps)
+    return gated_mlp(x, gate_up, down, jax.nn.silu, impl=impl, parallel=parallel)
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
@@ -112,10 +104,10 @@ def rope_and_write(qkv: jax.Array, parts: tuple[int, int, int], cos: jax.Array, 
     ``q_norm`` / ``k_norm`` first where given), rotated, and k and v written into the caches
     ``[batch, kv_heads, L, head_dim]`` at ``kv_lengths``. Returns ``(q [batch, T, heads, head_dim],
     k_buf, v_buf)``. One kernel launch (``pallas_kernels.rope_write``) where it runs and
-    :func:`fuses_norm` allows; else the composition of the pieces."""
+    :func:`fuses_around_kernels` allows; else the composition of the pieces."""
     batch, rows, _ = qkv.shape
     num_heads, num_kv_heads = parts[0] // head_dim, parts[1] // head_dim
-    if fuses_norm(impl, parallel):
+    if fuses_around_kernels(impl, parallel):
         return rope_write(qkv, cos, sin, k_buf, v_buf, kv_lengths, num_heads=num_heads, num_kv_heads=num_kv_heads,
                           q_norm=q_norm, k_norm=k_norm, eps=eps, impl=impl)
     q, k, v = (x.reshape(batch, rows, -1, head_dim) for x in split_columns(qkv, parts, parallel))

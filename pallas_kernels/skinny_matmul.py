@@ -20,11 +20,13 @@ weight-streaming GEMV/GEMM (Triton backend):
   so aligned shapes stream unmasked);
 * with ``split_k > 1`` the kernel writes fp32 partial sums ``[split_k, M, N]`` that one
   small XLA fusion adds up and casts;
-* fused around the product (each saves a launch per layer of a decode step, where the
-  launches of small ops are much of the time): an RMSNorm of the rows (``norm_weight``: each
-  program sums its rows' squares over all of K first) and a gated activation (``gated="silu"``:
-  w is ``[gate | up]``, each program holds one column tile of each and writes
-  ``silu(gate) * up``).
+* a gated activation in the epilogue (``gated="silu"``: w is ``[gate | up]``, each program holds
+  one column tile of each and writes ``silu(gate) * up``), one launch fewer per MLP.
+  An RMSNorm prologue was measured and dropped (H100, bf16, batch 1): summing each row's squares
+  in a first pass over K made Llama-3.1-8B's qkv 2.4x slower (7.14 vs 5.98 ms/token in the loop),
+  and feeding ``x * g`` to the dot in one pass (``1 / rms`` scaling the accumulator at the end) still
+  cost Llama-3.2-1B 1.44 vs 1.35 ms/token: an elementwise op on x between its load and the dot
+  costs the loop more than the norm's own launch.
 
 ``skinny_matmul(..., impl="auto")`` uses the kernel only on a GPU and only for the shapes
 where ``benchmarks/skinny_matmul*.json`` showed it faster than XLA's dot (16-bit operands;
@@ -46,7 +48,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._dispatch import check_impl, interpret_mode, on_gpu
-from pallas_kernels.gather_rows import rms_norm
 from pallas_kernels.skinny_tilings import (  # noqa: F401 (re-exported: the tilings are part of this kernel's API)
     _TUNED, INVARIANT_BLOCK_M, SkinnyConfig, _m_bucket, _pow2_at_least, default_config, gated_config, invariant_config,
 )
@@ -56,11 +57,9 @@ _MAX_ACCUMULATOR = 64 * 256  # fp32 accumulator elements of a program's row tile
 _SMEM_LIMIT = 220 * 1024  # pipelined tile bytes per program (227 KiB max); fewer stages beyond
 
 
-def skinny_matmul_reference(x, w, *, w_transposed=False, norm_weight=None, eps=1e-6, gated=None):
-    """``x @ w``; with ``norm_weight``, ``rms_norm(x, norm_weight, eps) @ w``; with ``gated="silu"``, w is
-    ``[gate | up]`` and the result ``silu(x @ gate) * (x @ up)``, each product rounded to x's dtype first."""
-    if norm_weight is not None:
-        x = rms_norm(x, norm_weight, eps)
+def skinny_matmul_reference(x, w, *, w_transposed=False, gated=None):
+    """``x @ w``; with ``gated="silu"``, w is ``[gate | up]`` and the result ``silu(x @ gate) * (x @ up)``,
+    each product rounded to x's dtype first."""
     # fp32 operands: full fp32 (no TF32). 16-bit operands: default precision, which is
     # already bf16 x bf16 -> fp32; HIGHEST there made XLA's M = 1 dot 3x slower on H100.
     f32 = jnp.dtype(jnp.float32) in (jnp.dtype(x.dtype), jnp.dtype(w.dtype))
@@ -73,20 +72,19 @@ def skinny_matmul_reference(x, w, *, w_transposed=False, norm_weight=None, eps=1
     return GATES[gated](gate) * up
 
 
-def _kernel(*refs, m, k, n, block_m, m_tiles, block_k, block_n, k_per_split, num_k_steps_total, mask_m, mask_k,
-            mask_n, compute_dtype, precision, w_transposed, eps, gated):
-    # refs: x, w (gate and up tiles of the same weight when ``gated``), the norm weight (with ``eps``), out.
-    # x_ref: [m_tiles * block_m, k_per_split], or every K when normalised (the row's norm needs them all)
+def _kernel(*refs, m, k, n, block_m, m_tiles, block_k, block_n, k_per_split, mask_m, mask_k, mask_n, compute_dtype,
+            precision, w_transposed, gated):
+    # refs: x, w (gate and up tiles of the same weight when ``gated``), out.
+    # x_ref: [m_tiles * block_m, k_per_split]
     # w_ref: [k_per_split, block_n], or [block_n, k_per_split] when w_transposed
     # o_ref: [m_tiles * block_m, block_n]      (squeezed split dim when split_k > 1)
     # Each of the m_tiles row tiles has its own accumulator and dot, the same as one tile alone: a
     # program with several reads each weight tile once for all of them.
     num_w = 2 if gated else 1
-    x_ref, w_refs, norm_ref, o_ref = refs[0], refs[1:1 + num_w], refs[1 + num_w] if eps is not None else None, refs[-1]
+    x_ref, w_refs, o_ref = refs[0], refs[1:1 + num_w], refs[-1]
     pid_n = pl.program_id(1)
     pid_s = pl.program_id(2)
     num_k_steps = k_per_split // block_k
-    x_first_k = 0 if norm_ref is None else pid_s * k_per_split  # x_ref holds every K when normalised
 
     first_row = pl.program_id(0) * m_tiles * block_m
     rows_ok = [(first_row + t * block_m + jnp.arange(block_m) < m) if mask_m else None for t in range(m_tiles)]
@@ -94,18 +92,6 @@ def _kernel(*refs, m, k, n, block_m, m_tiles, block_k, block_n, k_per_split, num
 
     def x_block(t, kk, k_ok):
         return _load(x_ref.at[pl.ds(t * block_m, block_m), pl.ds(kk, block_k)], _and2d(rows_ok[t], k_ok))
-
-    inv_rms = None
-    if norm_ref is not None:  # RMSNorm's 1 / rms of each row, over all of K
-        def sum_squares(step, sums):
-            kk = pl.multiple_of(step * block_k, block_k)
-            k_ok = kk + jnp.arange(block_k) < k if mask_k else None
-            return tuple(total + jnp.sum(jnp.square(x_block(t, kk, k_ok).astype(jnp.float32)), axis=1)
-                         for t, total in enumerate(sums))
-
-        sums = jax.lax.fori_loop(0, num_k_steps_total, sum_squares,
-                                 tuple(jnp.zeros((block_m,), jnp.float32) for _ in range(m_tiles)))
-        inv_rms = [jax.lax.rsqrt(total / k + eps) for total in sums]
 
     def body(step, accs):
         kk = pl.multiple_of(step * block_k, block_k)
@@ -118,13 +104,9 @@ def _kernel(*refs, m, k, n, block_m, m_tiles, block_k, block_n, k_per_split, num
         else:
             wbs = [_load(w_ref.at[pl.ds(kk, block_k), :], _and2d(k_ok, col_ok)) for w_ref in w_refs]
             contract = (((1,), (0,)), ((), ()))
-        norm_b = None if norm_ref is None else _load(norm_ref.at[pl.ds(x_first_k + kk, block_k)], k_ok)
         tiles = []
         for t in range(m_tiles):
-            xb = x_block(t, x_first_k + kk, k_ok)
-            if norm_b is not None:  # as jspec's rms_norm: normalise in fp32, cast, then scale
-                normed = (xb.astype(jnp.float32) * inv_rms[t][:, None]).astype(xb.dtype)
-                xb = norm_b[None, :] * normed
+            xb = x_block(t, kk, k_ok)
             tiles.append(tuple(acc + jax.lax.dot_general(xb.astype(compute_dtype), wb.astype(compute_dtype), contract,
                                                          precision=precision, preferred_element_type=jnp.float32)
                                for acc, wb in zip(accs[t], wbs)))
@@ -161,9 +143,9 @@ def _load(ref, mask):
     return plgpu.load(ref, mask=mask, other=0)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "interpret", "w_transposed", "eps", "gated"))
-def _skinny_matmul_pallas_2d(x, w, norm_weight=None, *, config: SkinnyConfig, interpret: bool, w_transposed: bool = False,
-                             eps: float | None = None, gated: str | None = None):
+@functools.partial(jax.jit, static_argnames=("config", "interpret", "w_transposed", "gated"))
+def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool, w_transposed: bool = False,
+                             gated: str | None = None):
     m, k = x.shape
     n, k2 = w.shape if w_transposed else w.shape[::-1]
     assert k == k2, (x.shape, w.shape)
@@ -180,8 +162,7 @@ def _skinny_matmul_pallas_2d(x, w, norm_weight=None, *, config: SkinnyConfig, in
     for name, v in (("block_k", block_k), ("block_n", block_n)):
         if v < 16 or v & (v - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {v}")
-    normed_dtype = x.dtype if norm_weight is None else jnp.promote_types(x.dtype, norm_weight.dtype)
-    compute_dtype = jnp.promote_types(normed_dtype, w.dtype)
+    compute_dtype = jnp.promote_types(x.dtype, w.dtype)
     itemsize = jnp.dtype(compute_dtype).itemsize
     num_w = 2 if gated else 1
     # Row tiles per program (``impl="invariant"``): every tile of up to _MAX_ACCUMULATOR rows x
@@ -201,27 +182,17 @@ def _skinny_matmul_pallas_2d(x, w, norm_weight=None, *, config: SkinnyConfig, in
                  else jax.lax.Precision.DEFAULT)
     kernel = functools.partial(
         _kernel, m=m, k=k, n=n, block_m=block_m, m_tiles=m_tiles, block_k=block_k, block_n=block_n,
-        k_per_split=k_per_split, num_k_steps_total=split_k * steps, mask_m=m % rows_per_program != 0,
-        mask_k=split_k * k_per_split != k, mask_n=n % block_n != 0,
-        compute_dtype=compute_dtype, precision=precision, w_transposed=w_transposed,
-        eps=None if norm_weight is None else float(eps), gated=gated)
-    if norm_weight is None:
-        x_spec = pl.BlockSpec((rows_per_program, k_per_split), lambda r, i, s: (r, s))
-    else:  # every program reads its rows' every K for their norm
-        x_spec = pl.BlockSpec((rows_per_program, split_k * k_per_split), lambda r, i, s: (r, 0))
+        k_per_split=k_per_split, mask_m=m % rows_per_program != 0, mask_k=split_k * k_per_split != k,
+        mask_n=n % block_n != 0, compute_dtype=compute_dtype, precision=precision, w_transposed=w_transposed,
+        gated=gated)
+    x_spec = pl.BlockSpec((rows_per_program, k_per_split), lambda r, i, s: (r, s))
     if w_transposed:
         w_specs = [pl.BlockSpec((block_n, k_per_split), lambda r, i, s: (i, s))]
     else:
         w_specs = [pl.BlockSpec((k_per_split, block_n), lambda r, i, s, c=c: (s, i + c * (n // block_n)))
                    for c in range(num_w)]
-    in_specs = [x_spec, *w_specs]
-    operands = [x, *[w] * num_w]
-    if norm_weight is not None:
-        in_specs.append(pl.BlockSpec((split_k * k_per_split,), lambda r, i, s: (0,)))
-        operands.append(norm_weight)
-    out_dtype = normed_dtype
     if split_k == 1:
-        out_shape = jax.ShapeDtypeStruct((m, n), out_dtype)
+        out_shape = jax.ShapeDtypeStruct((m, n), x.dtype)
         out_spec = pl.BlockSpec((rows_per_program, block_n), lambda r, i, s: (r, i))
     else:
         out_shape = jax.ShapeDtypeStruct((split_k, m, n), jnp.float32)
@@ -230,24 +201,23 @@ def _skinny_matmul_pallas_2d(x, w, norm_weight=None, *, config: SkinnyConfig, in
         kernel,
         out_shape=out_shape,
         grid=grid,
-        in_specs=in_specs,
+        in_specs=[x_spec, *w_specs],
         out_specs=out_spec,
         compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps,
                                              num_stages=num_stages),
         interpret=interpret,
         name="skinny_matmul",
-    )(*operands)
+    )(x, *[w] * num_w)
     if split_k > 1:
-        out = (functools.reduce(operator.add, list(out)) if cfg.ordered_splits else out.sum(axis=0)).astype(out_dtype)
+        out = (functools.reduce(operator.add, list(out)) if cfg.ordered_splits else out.sum(axis=0)).astype(x.dtype)
     return out
 
 
 def skinny_matmul_pallas(x, w, *, config: SkinnyConfig | None = None, interpret=None, w_transposed=False,
-                         norm_weight=None, eps: float = 1e-6, gated: str | None = None):
+                         gated: str | None = None):
     """The Pallas kernel for x [..., K] (at most MAX_M rows after flattening, unless the config
-    has M tiles), w [K, N] (or [N, K] with ``w_transposed``). ``norm_weight`` [K]: the rows are
-    RMS-normalised first, in the kernel (:func:`skinny_matmul_reference`). ``gated="silu"``: w is
-    ``[gate | up]`` and the result ``silu(x @ gate) * (x @ up)`` [..., N / 2], also in the kernel."""
+    has M tiles), w [K, N] (or [N, K] with ``w_transposed``). ``gated="silu"``: w is ``[gate | up]``
+    and the result ``silu(x @ gate) * (x @ up)`` [..., N / 2], in the kernel."""
     if interpret is None:
         interpret = interpret_mode()
     lead = x.shape[:-1]
@@ -257,8 +227,8 @@ def skinny_matmul_pallas(x, w, *, config: SkinnyConfig | None = None, interpret=
         config = default_config(x2.shape[0], k, n, jnp.dtype(jnp.promote_types(x.dtype, w.dtype)).itemsize)
         if gated is not None:
             config = gated_config(config, n)
-    out = _skinny_matmul_pallas_2d(x2, w, norm_weight, config=config, interpret=bool(interpret),
-                                   w_transposed=w_transposed, eps=None if norm_weight is None else eps, gated=gated)
+    out = _skinny_matmul_pallas_2d(x2, w, config=config, interpret=bool(interpret), w_transposed=w_transposed,
+                                   gated=gated)
     return out.reshape(*lead, out.shape[-1])
 
 
@@ -279,24 +249,22 @@ def _auto_uses_pallas(m: int, k: int, n: int, x_dtype, w_dtype) -> bool:
     return m == 1 and k >= 1024 and 1024 <= n <= 32768
 
 
-def skinny_matmul(x, w, *, impl="auto", w_transposed=False, norm_weight=None, eps=1e-6, gated=None):
+def skinny_matmul(x, w, *, impl="auto", w_transposed=False, gated=None):
     """Dispatcher: ``x @ w`` for x [..., K], w [K, N] -> [..., N] (w [N, K] with ``w_transposed``).
     ``impl="invariant"``: the kernel with :func:`invariant_config`, for any number of rows.
 
-    ``norm_weight`` [K] (RMSNorm of the rows first) and ``gated="silu"`` (w is ``[gate | up]``; the
-    result ``silu(x @ gate) * (x @ up)``, [..., N / 2]): fused into the kernel wherever it runs
-    (``"pallas"``; ``"auto"`` where it takes the kernel for ``x @ w``), saving the launches of the norm and
-    of the activation; elsewhere the reference composes them. Not under ``"invariant"``, whose norm
-    is its own row kernel (``jspec.layers.rms_norm``)."""
+    ``gated="silu"`` (w is ``[gate | up]``; the result ``silu(x @ gate) * (x @ up)``, [..., N / 2]):
+    fused into the kernel wherever it runs (``"pallas"``; ``"auto"`` where it takes the kernel for
+    ``x @ w``), saving the activation's launch; elsewhere the reference composes it. Not under
+    ``"invariant"``, whose tiling does not hold gate and up side by side."""
     impl = check_impl(impl, "skinny_matmul")
     m = math.prod(x.shape[:-1])
     k, n = w.shape[::-1] if w_transposed else w.shape
-    fused = dict(norm_weight=norm_weight, eps=eps, gated=gated)
     if gated is not None and gated not in GATES:
         raise ValueError(f"gated must be one of {sorted(GATES)}, got {gated!r}")
     if impl == "invariant":
-        if norm_weight is not None or gated is not None:
-            raise ValueError("impl='invariant' does not fuse a norm or a gate into the matmul: compose them")
+        if gated is not None:
+            raise ValueError("impl='invariant' does not fuse a gate into the matmul: compose it")
         itemsize = jnp.dtype(jnp.promote_types(x.dtype, w.dtype)).itemsize
         config = invariant_config(k, n, itemsize, w_transposed=w_transposed)
         return skinny_matmul_pallas(x, w, config=config, w_transposed=w_transposed)
@@ -305,13 +273,13 @@ def skinny_matmul(x, w, *, impl="auto", w_transposed=False, norm_weight=None, ep
             raise ValueError(
                 f"the skinny-matmul kernel takes at most {MAX_M} rows, got {m}; use impl='auto'")
         if _fits_gated(m, k, n, x.dtype, w.dtype, gated):
-            return skinny_matmul_pallas(x, w, w_transposed=w_transposed, **fused)
-        gate, up = jnp.split(skinny_matmul_pallas(x, w, norm_weight=norm_weight, eps=eps), 2, axis=-1)
+            return skinny_matmul_pallas(x, w, w_transposed=w_transposed, gated=gated)
+        gate, up = jnp.split(skinny_matmul_pallas(x, w), 2, axis=-1)
         return GATES[gated](gate) * up
     if (impl == "auto" and not w_transposed and on_gpu() and _auto_uses_pallas(m, k, n, x.dtype, w.dtype)
             and _fits_gated(m, k, n, x.dtype, w.dtype, gated)):
-        return skinny_matmul_pallas(x, w, interpret=False, **fused)
-    return skinny_matmul_reference(x, w, w_transposed=w_transposed, **fused)
+        return skinny_matmul_pallas(x, w, interpret=False, gated=gated)
+    return skinny_matmul_reference(x, w, w_transposed=w_transposed, gated=gated)
 
 
 def _fits_gated(m, k, n, x_dtype, w_dtype, gated) -> bool:

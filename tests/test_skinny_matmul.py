@@ -128,80 +128,60 @@ def test_default_config_is_valid(m, k, n):
     assert c.split_k >= 1 and -(-k // c.split_k) >= c.block_k  # every split has >= 1 K step
 
 
-# --- the norm prologue and the gated epilogue ------------------------------------------------
+# --- the gated epilogue ----------------------------------------------------------------------
 
-def _norm_weight(k, dtype, seed=0):
-    return (1 + 0.1 * jax.random.normal(jax.random.key(seed), (k,), jnp.float32)).astype(dtype)
-
-
-def _check_fused(out, x, w, **fused):
-    ref = skinny_matmul_reference(x, w, **fused)
+def _check_gated(out, x, w):
+    ref = skinny_matmul_reference(x, w, gated="silu")
     assert out.shape == ref.shape and out.dtype == ref.dtype
     out32, ref32 = (np.asarray(a.astype(jnp.float32)) for a in (out, ref))
     assert np.isfinite(out32).all(), "unwritten (NaN-poisoned) or NaN-contaminated output"
-    # bf16: the norm's sum of squares and the gate's rounding may differ by one ulp of the output
+    # bf16: the gate's rounding may differ by one ulp of the output
     tol = 2e-2 if x.dtype == jnp.bfloat16 else 1e-5
     np.testing.assert_allclose(out32, ref32, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
-@pytest.mark.parametrize("m,cfg", [(1, CFG), (5, CFG), (17, SkinnyConfig(block_n=32, block_k=64, split_k=3)),
-                                   (3, None)])
-def test_kernel_normalises_the_rows_first(m, cfg, dtype):
-    """rms_norm(x) @ w in one kernel: every program reads its rows' whole K for their norm, also
-    with split-K and a ragged last K block."""
-    x, w = _inputs(m, K, N, dtype, seed=m)
-    x = 3 * x  # far from unit RMS, so a missing norm shows
-    fused = dict(norm_weight=_norm_weight(K, dtype), eps=1e-5)
-    _check_fused(sm.skinny_matmul_pallas(x, w, config=cfg, interpret=True, **fused), x, w, **fused)
-
-
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
-@pytest.mark.parametrize("m,k,n,norm", [(1, 200, 256, True), (5, 256, 128, False), (17, 300, 192, True)])  # 96: 32-wide
-def test_kernel_gates_silu_of_gate_times_up(m, k, n, norm, dtype):
+@pytest.mark.parametrize("m,k,n", [(1, 200, 256), (5, 256, 128), (17, 300, 192)])  # 96: 32-wide tiles
+def test_kernel_gates_silu_of_gate_times_up(m, k, n, dtype):
     """w = [gate | up] -> silu(x @ gate) * (x @ up) [m, n / 2]: each program holds one column tile of
-    each half, so the MLP's activation costs no launch of its own."""
+    each half, so the MLP's activation costs no launch of its own (ragged K, padded rows)."""
     x, w = _inputs(m, k, n, dtype, seed=k)
-    fused = dict(gated="silu", **(dict(norm_weight=_norm_weight(k, dtype), eps=1e-6) if norm else {}))
-    out = sm.skinny_matmul_pallas(x, w, interpret=True, **fused)
+    out = sm.skinny_matmul_pallas(x, w, interpret=True, gated="silu")
     assert out.shape == (m, n // 2)
-    _check_fused(out, x, w, **fused)
+    _check_gated(out, x, w)
 
 
 def test_dispatcher_fuses_under_pallas_and_composes_elsewhere():
     x, w = _inputs(4, K, 2 * 88, jnp.bfloat16)
-    fused = dict(norm_weight=_norm_weight(K, jnp.bfloat16), eps=1e-5, gated="silu")
-    ref = skinny_matmul_reference(x, w, **fused)
+    ref = skinny_matmul_reference(x, w, gated="silu")
     for impl in ("auto", "xla"):  # CPU: the reference, bitwise
-        np.testing.assert_array_equal(np.asarray(skinny_matmul(x, w, impl=impl, **fused)), np.asarray(ref))
-    _check_fused(skinny_matmul(x, w, impl="pallas", **fused), x, w, **fused)
+        np.testing.assert_array_equal(np.asarray(skinny_matmul(x, w, impl=impl, gated="silu")), np.asarray(ref))
     # N / 2 = 88 is no multiple of any gated tile (>= 16): the kernel's product, then the gate beside it
-    _check_fused(skinny_matmul(x, w, impl="pallas", gated="silu"), x, w, gated="silu")
+    _check_gated(skinny_matmul(x, w, impl="pallas", gated="silu"), x, w)
+    x, w = _inputs(4, K, 2 * 64, jnp.bfloat16)
+    _check_gated(skinny_matmul(x, w, impl="pallas", gated="silu"), x, w)
     with pytest.raises(ValueError, match="invariant"):
-        skinny_matmul(x, w, impl="invariant", norm_weight=fused["norm_weight"])
+        skinny_matmul(x, w, impl="invariant", gated="silu")
     with pytest.raises(ValueError, match="gated"):
         skinny_matmul(x, w, impl="pallas", gated="relu")
     with pytest.raises(ValueError, match="gated"):  # a tiling that splits K cannot gate
         sm.skinny_matmul_pallas(x, w, config=CFG, interpret=True, gated="silu")
 
 
-def test_layers_fuse_the_norm_and_gate_without_changing_the_unfused_result():
-    """jspec.layers hands the norm and the gate to the matmul's dispatcher on one device; where no
-    kernel runs (CPU, "xla") the result is bitwise the unfused composition, and under "invariant"
-    the norm stays the row kernel beside the matmul."""
-    from jspec.layers import fuses_norm, linear, rms_norm, silu_mlp
+def test_layers_fuse_the_gate_without_changing_the_unfused_result():
+    """jspec.layers hands the MLP's gate to the matmul's dispatcher on one device; where no kernel
+    runs (CPU, "xla") the result is bitwise the unfused composition, and "invariant" composes it."""
+    from jspec.layers import fuses_around_kernels, linear, silu_mlp
 
     x, gate_up = _inputs(3, 128, 2 * 64, jnp.bfloat16, seed=1)
     down = _inputs(1, 64, 128, jnp.bfloat16, seed=2)[1]
-    norm = _norm_weight(128, jnp.bfloat16)
-    for impl in ("auto", "xla"):
-        normed = rms_norm(x, norm, 1e-5, impl=impl)
-        np.testing.assert_array_equal(np.asarray(linear(x, gate_up, impl=impl, norm_weight=norm, eps=1e-5)),
-                                      np.asarray(linear(normed, gate_up, impl=impl)))
-        np.testing.assert_array_equal(np.asarray(silu_mlp(x, gate_up, down, impl=impl, norm_weight=norm, eps=1e-5)),
-                                      np.asarray(silu_mlp(normed, gate_up, down, impl=impl)))
-    assert fuses_norm("pallas", None) and not fuses_norm("invariant", None)
-    assert not fuses_norm("auto,gather_rows=invariant", None) and not fuses_norm("auto", object())
-    unfused = silu_mlp(rms_norm(x, norm, 1e-5, impl="invariant"), gate_up, down, impl="invariant")
-    np.testing.assert_array_equal(np.asarray(silu_mlp(x, gate_up, down, impl="invariant", norm_weight=norm, eps=1e-5)),
-                                  np.asarray(unfused))
+
+    def composed(impl):
+        gate, up = jnp.split(linear(x, gate_up, impl=impl), 2, axis=-1)
+        return linear(jax.nn.silu(gate) * up, down, impl=impl)
+
+    for impl in ("auto", "xla", "invariant"):
+        np.testing.assert_array_equal(np.asarray(silu_mlp(x, gate_up, down, impl=impl)), np.asarray(composed(impl)))
+    assert fuses_around_kernels("pallas", None) and not fuses_around_kernels("invariant", None)
+    assert not fuses_around_kernels("auto,gather_rows=invariant", None)
+    assert not fuses_around_kernels("auto", object())

@@ -74,11 +74,10 @@ def qkv_parts(c: LlamaConfig) -> tuple[int, int, int]:
 
 def attention(
     layer, c: LlamaConfig, h, positions, cos, sin, k_buf, v_buf, lengths, *, keep_rows=None, tree_mask=None,
-    impl="auto", parallel: TensorParallel | None = None, norm_weight=None,
+    impl="auto", parallel: TensorParallel | None = None,
 ):
     """Self-attention of one layer over the normed rows ``h [batch, T, in]`` (``in`` is usually
-    ``hidden``; EAGLE-3's midlayer reads ``2 * hidden``), or over ``rms_norm(h, norm_weight)``
-    (normalised inside the q/k/v matmul where it can be).
+    ``hidden``; EAGLE-3's midlayer reads ``2 * hidden``).
 
     Writes the K/V of all ``T`` rows at ``lengths[b] ..``. With ``keep_rows [batch]`` only that
     row's query is kept right after the K/V write (the others are dead: their K/V is all the
@@ -88,8 +87,7 @@ def attention(
     batch, num_rows, _ = h.shape
     if keep_rows is not None and tree_mask is not None:
         raise ValueError("keep_rows and tree_mask together are not supported")
-    qkv = linear(h, layer.qkv, layer.qkv_bias, impl=impl, parallel=parallel, split="column", norm_weight=norm_weight,
-                 eps=c.rms_norm_eps)
+    qkv = linear(h, layer.qkv, layer.qkv_bias, impl=impl, parallel=parallel, split="column")
     q, k_buf, v_buf = rope_and_write(qkv, qkv_parts(c), cos, sin, k_buf, v_buf, lengths, head_dim=c.head_dim,
                                      q_norm=layer.q_norm, k_norm=layer.k_norm, eps=c.rms_norm_eps, impl=impl,
                                      parallel=parallel)
@@ -135,16 +133,16 @@ def decoder_layer(
     tree attention among the ``T`` rows (``jspec.models.base``); not with ``keep_rows``.
     Returns ``(x, k_buf, v_buf)``.
     """
+    h = rms_norm(x, layer.attn_norm, c.rms_norm_eps, impl=impl) if attn_input is None else attn_input
     attn_out, k_buf, v_buf = attention(
-        layer, c, x if attn_input is None else attn_input, positions, cos, sin, k_buf, v_buf, lengths,
-        keep_rows=keep_rows, tree_mask=tree_mask, impl=impl, parallel=parallel,
-        norm_weight=layer.attn_norm if attn_input is None else None,
+        layer, c, h, positions, cos, sin, k_buf, v_buf, lengths, keep_rows=keep_rows, tree_mask=tree_mask, impl=impl,
+        parallel=parallel,
     )
     if keep_rows is not None:
         x = gather_rows(x, keep_rows, impl=impl)[:, None]
     x = x + attn_out
-    x = x + silu_mlp(x, layer.gate_up, layer.down, impl=impl, parallel=parallel, norm_weight=layer.mlp_norm,
-                     eps=c.rms_norm_eps)
+    x = x + silu_mlp(rms_norm(x, layer.mlp_norm, c.rms_norm_eps, impl=impl), layer.gate_up, layer.down, impl=impl,
+                     parallel=parallel)
     return x, k_buf, v_buf
 
 
