@@ -68,7 +68,8 @@ def test_main_job_drafts_with_the_shipped_eagle3_head(smollm2_gguf):
 @pytest.mark.parametrize("drafter, vocab", [("eagle3", 1024), ("mtp", 49152)])  # MTP: the target's whole vocabulary
 def test_train_draft_trains_exports_and_resumes_on_smollm2(smollm2_gguf, tmp_path, drafter, vocab):
     """A tiny training run on stdlib source: progress, held-out acceptance, a loadable HF head;
-    run again with --resume and more steps, it continues from its checkpoint."""
+    run again with --resume and more steps, it continues from its checkpoint (one head: resuming
+    restores whatever pytree the checkpoint holds)."""
     args = [ROOT / "scripts" / "train_draft.py", "--out", tmp_path, "--drafter", drafter, "--data", "stdlib",
             "--stdlib-bytes", "20000", "--width", "64", "--batch", "2", "--ttt", "2", "--anchors", "4",
             "--draft-vocab", "1024", "--eval-every", "0", "--eval-prompts", "1", "--checkpoint-every", "2"]
@@ -83,6 +84,8 @@ def test_train_draft_trains_exports_and_resumes_on_smollm2(smollm2_gguf, tmp_pat
     assert {x.dtype.name for x in jax.tree.leaves(head) if jnp.issubdtype(x.dtype, jnp.floating)} == {"bfloat16"}
     config = json.loads((tmp_path / "head" / "config.json").read_text())
     assert config.get("draft_vocab_size", config["vocab_size"]) == config["jspec"]["draft_vocab"] == vocab
+    if drafter != "eagle3":
+        return
     proc = _run(*args, "--train-steps", "4", "--resume")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2/4" in proc.stderr  # the progress bar starts where the checkpoint left off

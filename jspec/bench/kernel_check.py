@@ -176,11 +176,13 @@ def check_gather_rows(seed=0):
         yield _compare(entry, lambda: fns["pallas"](x, rows, w), lambda: fns["xla"](x, rows, w), (2e-2, 1e-2))
 
 
-def check_fused_matmul(seed=0):
+def check_fused_matmul(seed=0, max_weight=None):
     """The skinny matmul with its gated epilogue (decode / verify rows at the 8B, 1B and SmolLM2
-    gate/up shapes, a ragged K)."""
+    gate/up shapes, a ragged K); ``max_weight``: skip weights of more elements."""
     rng = np.random.default_rng(seed)
     for m, k, n in [(1, 4096, 28672), (5, 2048, 16384), (1, 576, 3072), (3, 1000, 1536)]:
+        if max_weight and k * n > max_weight:
+            continue
         x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
         w = jnp.asarray(rng.standard_normal((k, n)) / np.sqrt(k), jnp.bfloat16)
         fns = {impl: jax.jit(lambda x, w, impl=impl: skinny_matmul(x, w, impl=impl, gated="silu"))
@@ -215,11 +217,12 @@ def check_rope_write(seed=0):
                        lambda: np.nan_to_num(np.asarray(fns["xla"](*args), np.float32), nan=1e4), (2e-2, 1e-2))
 
 
-def run_check(max_len_cap=None, seed=0) -> list[dict]:
-    """One ``check`` row per case, each printed as it finishes."""
+def run_check(max_len_cap=None, seed=0, max_weight=None) -> list[dict]:
+    """One ``check`` row per case, each printed as it finishes (``max_len_cap`` / ``max_weight``: skip
+    the attention cases with longer caches and the matmul cases with larger weights)."""
     rows = []
     for entry in itertools.chain(check_decode_attention(max_len_cap, seed), check_split_merge(max_len_cap, seed=seed),
-                                 check_gather_rows(seed), check_fused_matmul(seed), check_rope_write(seed)):
+                                 check_gather_rows(seed), check_fused_matmul(seed, max_weight), check_rope_write(seed)):
         rows.append(entry)
         print(json.dumps(entry, default=float))
     return rows
