@@ -9,12 +9,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jspec.kv import write_rows
 from jspec.parallel import TensorParallel, split_columns
 from pallas_kernels import skinny_matmul
 from pallas_kernels._dispatch import check_impl
 from pallas_kernels.gather_rows import FP32_SCALE, gather_rows_pallas, rms_norm as _rms_norm
-from pallas_kernels.rope_write import rope_write, rotate_half
+from pallas_kernels.rope_write import rope_write, rope_write_heads, rotate_half
 
 __all__ = ["rms_norm", "rms_norm_fp32_scale", "linear", "fuses_around_kernels", "gated_mlp", "silu_mlp", "apply_rope",
            "rope_and_write"]
@@ -111,8 +110,5 @@ def rope_and_write(qkv: jax.Array, parts: tuple[int, int, int], cos: jax.Array, 
         return rope_write(qkv, cos, sin, k_buf, v_buf, kv_lengths, num_heads=num_heads, num_kv_heads=num_kv_heads,
                           q_norm=q_norm, k_norm=k_norm, eps=eps, impl=impl)
     q, k, v = (x.reshape(batch, rows, -1, head_dim) for x in split_columns(qkv, parts, parallel))
-    if q_norm is not None:
-        q, k = rms_norm(q, q_norm, eps, impl=impl), rms_norm(k, k_norm, eps, impl=impl)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    return q, write_rows(k_buf, k.transpose(0, 2, 1, 3), kv_lengths), write_rows(v_buf, v.transpose(0, 2, 1, 3),
-                                                                                  kv_lengths)
+    return rope_write_heads(q, k, v, cos, sin, k_buf, v_buf, kv_lengths, q_norm=q_norm, k_norm=k_norm, eps=eps,
+                            norm=functools.partial(rms_norm, impl=impl))

@@ -48,12 +48,17 @@ def rope_write_reference(qkv, cos, sin, k_buf, v_buf, kv_lengths, *, num_heads, 
                          k_norm=None, eps=1e-6):
     batch, rows, _ = qkv.shape
     head_dim = k_buf.shape[-1]
-    q, k, v = jnp.split(qkv, [num_heads * head_dim, (num_heads + num_kv_heads) * head_dim], axis=-1)
-    q = q.reshape(batch, rows, num_heads, head_dim)
-    k = k.reshape(batch, rows, num_kv_heads, head_dim)
-    v = v.reshape(batch, rows, num_kv_heads, head_dim)
+    q, k, v = (x.reshape(batch, rows, -1, head_dim)
+               for x in jnp.split(qkv, [num_heads * head_dim, (num_heads + num_kv_heads) * head_dim], axis=-1))
+    return rope_write_heads(q, k, v, cos, sin, k_buf, v_buf, kv_lengths, q_norm=q_norm, k_norm=k_norm, eps=eps)
+
+
+def rope_write_heads(q, k, v, cos, sin, k_buf, v_buf, kv_lengths, *, q_norm=None, k_norm=None, eps=1e-6,
+                     norm=rms_norm):
+    """The reference's work on heads already split: q [B, T, H, D], k / v [B, T, Hkv, D]; ``norm(x, weight,
+    eps)``: the per-head RMSNorm (a caller's own, e.g. one that dispatches to a row kernel)."""
     if q_norm is not None:
-        q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+        q, k = norm(q, q_norm, eps), norm(k, k_norm, eps)
     q, k = (rotate_half(x, cos[:, :, None, :], sin[:, :, None, :]) for x in (q, k))
     k_buf = write_rows(k_buf, k.transpose(0, 2, 1, 3), kv_lengths)
     v_buf = write_rows(v_buf, v.transpose(0, 2, 1, 3), kv_lengths)
