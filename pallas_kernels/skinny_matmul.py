@@ -238,7 +238,10 @@ def _auto_uses_pallas(m: int, k: int, n: int, x_dtype, w_dtype) -> bool:
     16-bit operands only. Swept shapes (``_TUNED``): the kernel where its best tiling beat XLA's
     dot in that M bucket. Other shapes: one row only (M = 1: decode at batch 1, each draft step),
     where the kernel beat XLA on every mid-size projection measured (XLA's M = 1 dot is weak), but
-    not the LM head (N > 32768), where they tie.
+    not the LM head (N > 32768), where they tie. That includes the small models' projections from
+    512 x 512 up (SmolLM2-135M, Qwen2.5-0.5B: K or N under 1024; XLA runs them as reductions with
+    more launches around them): their decode step's kernels 0.915 / 1.052 GPU ms with the kernel
+    against 1.044 / 1.165 (H100, ``benchmarks/decode_h100_short_k*.json``).
     """
     half = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
     if jnp.dtype(x_dtype) != jnp.dtype(w_dtype) or jnp.dtype(x_dtype) not in half or m > MAX_M:
@@ -246,7 +249,7 @@ def _auto_uses_pallas(m: int, k: int, n: int, x_dtype, w_dtype) -> bool:
     tuned = _TUNED.get((k, n), {}).get(_m_bucket(m))
     if tuned is not None:
         return tuned[1]
-    return m == 1 and k >= 1024 and 1024 <= n <= 32768
+    return m == 1 and k >= 512 and 512 <= n <= 32768
 
 
 def skinny_matmul(x, w, *, impl="auto", w_transposed=False, gated=None):

@@ -61,12 +61,26 @@ def _m_bucket(m: int) -> int:
     return 1 if m <= 2 else 5 if m <= 8 else 16 if m <= 16 else 32
 
 
+# One row over a short K (the projections of models with a hidden size under 1024: SmolLM2-135M's 576,
+# Qwen2.5-0.5B's 896): one split of 32-column tiles. Each such matmul is a few microseconds, so the
+# split-K sum's own launch costs more than the parallelism it buys (H100, SmolLM2-135M decode at
+# batch 1: the step's kernels 0.915 GPU ms with these tiles, 1.023 with the rule's split-K tiles,
+# 1.022 with XLA's dots; ``benchmarks/decode_h100_small_*.json``).
+_SHORT_K = 1024
+_SHORT_K_ONE_ROW = SkinnyConfig(block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=4)
+
+
 def default_config(m: int, k: int, n: int, itemsize: int = 2) -> SkinnyConfig:
-    """Tiling for x [m, k] @ w [k, n]: the swept table where it has the shape, else the
-    rule that won the sweep at M = 1 on every swept shape: 128 x 128 tiles, split-K up to
-    >= 1.5 waves of programs (keeping >= 2 K steps per program), 4 warps, 4 stages."""
+    """Tiling for x [m, k] @ w [k, n]: the swept table where it has the shape; one row over a K
+    under 1024 in 16-bit: one split of 32 x 128 tiles; else the rule that won the sweep at M = 1 on
+    every swept shape: 128 x 128 tiles, split-K up to >= 1.5 waves of programs (keeping >= 2 K
+    steps per program), 4 warps, 4 stages."""
     tuned = _TUNED.get((k, n), {}).get(_m_bucket(m)) if itemsize == 2 else None
-    return SkinnyConfig(*tuned[0]) if tuned is not None else _rule_config(k, n, itemsize)
+    if tuned is not None:
+        return SkinnyConfig(*tuned[0])
+    if m <= 2 and k < _SHORT_K and itemsize == 2:
+        return _SHORT_K_ONE_ROW
+    return _rule_config(k, n, itemsize)
 
 
 def _rule_config(k: int, n: int, itemsize: int) -> SkinnyConfig:
@@ -114,11 +128,21 @@ def _pow2_at_least(v: int, lo: int) -> int:
     return max(lo, 1 << max(0, math.ceil(math.log2(max(v, 1)))))
 
 
+# Column tiles of a gated product narrower than 64 only while it has fewer than this many programs:
+# H100, gate/up at M = 1: SmolLM2-135M (1536 columns a half) 4.41 us in 16-column tiles (96 programs)
+# against 5.26 in 64-column ones (24); Qwen2.5-0.5B (4864) 8.46 us in 64-column tiles (76) against
+# 11.44 in 16-column ones (304).
+_GATED_PROGRAMS = 64
+
+
 def gated_config(config: SkinnyConfig, n: int) -> SkinnyConfig:
     """A gated product's tiling for w [K, n] = [gate | up] from the plain one's: half as wide a tile of
-    each of gate and up (the same weight bytes per program), narrower still until the tiles divide
-    n / 2 (at least 16), and no split-K (the activation needs whole sums)."""
+    each of gate and up (the same weight bytes per program), but up to 64 columns wide where that
+    still leaves ``_GATED_PROGRAMS`` programs, narrower until the tiles divide n / 2 (at least 16),
+    and no split-K (the activation needs whole sums)."""
     block_n = max(16, config.block_n // 2)
+    while block_n < 64 and (n // 2) // (2 * block_n) >= _GATED_PROGRAMS:
+        block_n *= 2
     while block_n > 16 and (n // 2) % block_n:
         block_n //= 2
     return dataclasses.replace(config, block_n=block_n, split_k=1)

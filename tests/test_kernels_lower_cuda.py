@@ -73,6 +73,7 @@ def test_gather_rows_lowers_for_cuda(hidden, n, norm):
     [
         (1, 4096, 14336, jnp.bfloat16, None),  # decode, swept config
         (5, 2048, 3072, jnp.bfloat16, None),  # verify rows, heuristic config with split-K
+        (1, 576, 960, jnp.bfloat16, None),  # a small model's qkv: one split of 32-column tiles, ragged K
         (64, 4096, 128256, jnp.bfloat16, None),  # LM head, M = 64
         (3, 1000, 777, jnp.bfloat16, (64, 256, 3, 4, 4)),  # ragged K, N and split
         (17, 300, 200, jnp.float32, (32, 64, 2, 8, 3)),  # fp32, masks everywhere
@@ -91,7 +92,7 @@ def test_skinny_matmul_lowers_for_cuda(m, k, n, dtype, cfg):
     assert triton_kernel_count(text) >= 1
 
 
-@pytest.mark.parametrize("m,k,n", [(5, 2048, 16384), (3, 576, 3072)])
+@pytest.mark.parametrize("m,k,n", [(5, 2048, 16384), (3, 576, 3072), (1, 576, 3072)])
 def test_skinny_matmul_with_gate_lowers_for_cuda(m, k, n):
     import importlib
 

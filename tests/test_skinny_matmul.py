@@ -107,6 +107,11 @@ def test_auto_rule():
     assert not sm._auto_uses_pallas(2, 5120, 8192, bf, bf)
     assert not sm._auto_uses_pallas(1, 5120, 152064, bf, bf)
     assert not sm._auto_uses_pallas(1, 4096, 4096, jnp.float32, jnp.float32)
+    # Small models' projections at one row, K or N under 1024 (SmolLM2-135M, Qwen2.5-0.5B), from 512 x 512 up.
+    assert sm._auto_uses_pallas(1, 576, 960, bf, bf)
+    assert sm._auto_uses_pallas(1, 1536, 576, bf, bf)
+    assert sm._auto_uses_pallas(1, 896, 2 * 4864, bf, bf)
+    assert not sm._auto_uses_pallas(5, 576, 960, bf, bf)
     assert not sm._auto_uses_pallas(1, 256, 256, bf, bf)
     assert not sm._auto_uses_pallas(128, 4096, 4096, bf, bf)
 
@@ -126,6 +131,20 @@ def test_default_config_is_valid(m, k, n):
     for b in (c.block_n, c.block_k):
         assert b >= 16 and b & (b - 1) == 0
     assert c.split_k >= 1 and -(-k // c.split_k) >= c.block_k  # every split has >= 1 K step
+
+
+def test_one_row_over_a_short_k_takes_one_split_of_narrow_tiles():
+    """No split-K sum (a launch of its own) where the whole matmul takes a few microseconds."""
+    assert sm.default_config(1, 576, 960) == sm.SkinnyConfig(block_n=32, block_k=128, split_k=1)
+    assert sm.default_config(5, 576, 960).split_k > 1  # verify rows: the rule, as XLA's dot runs them under auto
+    assert sm.default_config(1, 576, 960, itemsize=4).split_k > 1
+    assert sm.default_config(1, 2048, 2048) == sm.SkinnyConfig(*sm._TUNED[(2048, 2048)][1][0])
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 576, 960), (2, 896, 130)])  # ragged K steps; N not a multiple of 32
+def test_kernel_short_k_tiling(m, k, n):
+    x, w = _inputs(m, k, n, jnp.bfloat16, seed=k)
+    _check(sm.skinny_matmul_pallas(x, w, interpret=True), x, w)
 
 
 # --- the gated epilogue ----------------------------------------------------------------------
@@ -149,6 +168,15 @@ def test_kernel_gates_silu_of_gate_times_up(m, k, n, dtype):
     out = sm.skinny_matmul_pallas(x, w, interpret=True, gated="silu")
     assert out.shape == (m, n // 2)
     _check_gated(out, x, w)
+
+
+@pytest.mark.parametrize("n_half,block_n", [(1536, 16), (4864, 64), (8192, 64)])
+def test_gated_tiles_stay_wide_where_programs_are_many(n_half, block_n):
+    """Half the plain tile (16 from the short-K rule's 32), widened up to 64 columns while that leaves
+    at least _GATED_PROGRAMS programs: SmolLM2-135M's gate/up keeps 16-column tiles, Qwen2.5-0.5B's 64."""
+    plain = sm.default_config(1, 576, 2 * n_half)
+    assert sm.gated_config(plain, 2 * n_half).block_n == block_n
+    assert sm.gated_config(sm.default_config(1, 4096, 28672), 28672).block_n == 128  # tuned tiles: halved only
 
 
 def test_dispatcher_fuses_under_pallas_and_composes_elsewhere():
