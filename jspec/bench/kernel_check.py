@@ -177,10 +177,10 @@ def check_gather_rows(seed=0):
 
 
 def check_fused_matmul(seed=0, max_weight=None):
-    """The skinny matmul with its gated epilogue (decode / verify rows at the 8B, 1B and SmolLM2
-    gate/up shapes, a ragged K); ``max_weight``: skip weights of more elements."""
+    """The skinny matmul with its gated epilogue (decode / verify rows at the 8B, 1B, SmolLM2 and
+    Qwen2.5-0.5B gate/up shapes, a ragged K); ``max_weight``: skip weights of more elements."""
     rng = np.random.default_rng(seed)
-    for m, k, n in [(1, 4096, 28672), (5, 2048, 16384), (1, 576, 3072), (3, 1000, 1536)]:
+    for m, k, n in [(1, 4096, 28672), (5, 2048, 16384), (1, 576, 3072), (1, 896, 9728), (3, 1000, 1536)]:
         if max_weight and k * n > max_weight:
             continue
         x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
