@@ -53,3 +53,24 @@ def test_forward_with_one_kernel_overridden():
     reference = _prefill_then_decode(model, tokens, impl="xla")
     for a, b in zip(mixed, reference, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
+
+
+def test_bf16_decode_on_the_short_k_tilings_matches_xla():
+    """A 16-bit model's one-row matmuls over a short K take one split of narrow tiles (the small
+    models' decode step under ``auto`` on a GPU); the step agrees with XLA's within bf16 rounding."""
+    import dataclasses
+    import importlib
+
+    import jspec
+    from tests.tiny import TINY
+
+    sm = importlib.import_module("pallas_kernels.skinny_matmul")
+    model = jspec.init_params(dataclasses.replace(TINY, qkv_bias=True), jax.random.key(0), jnp.bfloat16, scale=0.3)
+    assert sm.default_config(2, model.config.hidden_size, 64).split_k == 1  # decode rows: the short-K tiling
+    tokens = jax.random.randint(jax.random.key(1), (2, 6), 0, model.config.vocab_size)
+    kernel = _prefill_then_decode(model, tokens, impl="xla,skinny_matmul=pallas")[1]
+    reference = _prefill_then_decode(model, tokens, impl="xla")[1]
+    kernel, reference = (np.asarray(a, np.float32) for a in (kernel, reference))
+    assert np.isfinite(kernel).all()
+    # bf16 roundings of the activations, carried through the layers: a few bf16 ulps of the logits' scale
+    assert np.max(np.abs(kernel - reference)) <= 0.02 * np.max(np.abs(reference))
