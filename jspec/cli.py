@@ -21,3 +21,18 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+IMPL_HELP = ("kernel choice: auto, pallas, xla or invariant, optionally with per-kernel exceptions, "
+             "e.g. 'auto,skinny_matmul=xla'")
+
+
+def impl_choice(text: str) -> str:
+    """argparse type of ``--impl``: a valid ``impl`` string (``pallas_kernels`` dispatchers)."""
+    from pallas_kernels._dispatch import check_impl
+
+    try:
+        check_impl(text, "skinny_matmul")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text

@@ -21,7 +21,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from jspec.cli import OneLineErrorParser, positive_int
+from jspec.cli import IMPL_HELP, OneLineErrorParser, impl_choice, positive_int
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 # An editing task: the answer repeats much of the prompt, where n-gram prompt lookup drafts well.
@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eos-id", type=int, action="append",
                         help="stop at this token id; repeat for several (default: the model's EOS ids)")
     parser.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling")
+    parser.add_argument("--impl", type=impl_choice, default="auto",
+                        help=IMPL_HELP + " (default: %(default)s, the kernels where they were measured faster on a GPU)")
     parser.add_argument("--dtype", choices=DTYPES, default="float32",
                         help="parameter dtype (default: float32; bfloat16 speculation is not exact yet)")
     return parser
@@ -158,8 +160,10 @@ def _load(args):
     names = args.drafter or (["ngram", "draft-model"] if args.draft else ["ngram"])
     if "eagle3" in names and not (args.head or SHIPPED_HEAD).is_dir():
         raise ValueError(f"--head {args.head or SHIPPED_HEAD} is not an EAGLE-3 head directory")
-    make = dict(ngram=lambda: NGram(max_ngram=args.max_ngram), **{"draft-model": lambda: DraftModel(draft)},
-                eagle3=lambda: Eagle3.load(args.head or SHIPPED_HEAD, dtype=jnp.dtype(args.dtype)).bind(target))
+    make = dict(ngram=lambda: NGram(max_ngram=args.max_ngram),
+                **{"draft-model": lambda: DraftModel(draft, impl=args.impl)},
+                eagle3=lambda: Eagle3.load(args.head or SHIPPED_HEAD, dtype=jnp.dtype(args.dtype),
+                                           impl=args.impl).bind(target))
     drafters = {name: make[name]() for name in dict.fromkeys(names)}
     # Everything decoding would refuse is refused here, before plain decoding computes.
     jspec.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -189,7 +193,7 @@ def run(args) -> None:
     for ids, text in zip(prompts, shown):
         _say(f"prompt ({len(ids)} tokens):", textwrap.indent(text, "  > ", lambda _: True))
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=eos_ids,
-                    key=jax.random.key(args.seed))
+                    key=jax.random.key(args.seed), impl=args.impl)
 
     _say("", "plain decoding (compiling, then timing) ...")
     plain, plain_s = _timed(lambda: jspec.generate(target, prompts, args.max_new_tokens, **sampling))

@@ -93,7 +93,7 @@ def test_train_draft_trains_exports_and_resumes_on_smollm2(smollm2_gguf, tmp_pat
 
 def test_token_id_mode_without_a_tokenizer(generate, capsys):
     generate.main(["--model", str(TINY), "--tokens", "5 17 42 8 99 3 61 5 17 42", "--tokens", "7 120",
-                   "--max-new-tokens", "8", "--eos-id", "2"])
+                   "--max-new-tokens", "8", "--eos-id", "2", "--impl", "xla"])
     out = capsys.readouterr().out
     assert out.count("identical to plain decoding: yes") == 1
     assert "[0] " not in out and re.search(r"^  \[\d+(, \d+)*\]", out, re.M)  # ids, one line per prompt
@@ -118,6 +118,7 @@ BAD_COMMAND_LINES = {
     "a draft-model drafter without a draft": (["--drafter", "draft-model"], "needs --draft"),
     "a draft that no drafter uses": (["--draft", TINY, "--drafter", "ngram"], "does not include draft-model"),
     "--chat with token ids": (["--tokens", "5 17", "--chat"], "--chat"),
+    "an unknown kernel choice": (["--impl", "fast"], "--impl"),
     "a head that no drafter uses": (["--head", TINY, "--drafter", "ngram"], "does not include eagle3"),
     "a head that is not a directory": (["--model", TINY, "--tokens", "5 17", "--drafter", "eagle3", "--head",
                                         TINY / "config.json"], "is not an EAGLE-3 head directory"),

@@ -6,22 +6,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from jspec.cli import IMPL_HELP, impl_choice  # noqa: F401 (re-exported for the subcommands)
 from jspec.tree import TreeShape
-
-IMPL_HELP = ("kernel choice: auto, pallas or xla, optionally with per-kernel exceptions, "
-             "e.g. 'auto,skinny_matmul=xla'")
-
-
-def impl_choice(text: str) -> str:
-    """argparse type of ``--impl``: a valid ``impl`` string."""
-    from pallas_kernels._dispatch import check_impl
-
-    try:
-        check_impl(text, "skinny_matmul")
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
-
 
 def ints(text: str) -> list[int]:
     """'1,8,32' -> [1, 8, 32] ('' -> [])."""
