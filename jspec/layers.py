@@ -11,12 +11,13 @@ import jax.numpy as jnp
 
 from jspec.parallel import TensorParallel, split_columns
 from pallas_kernels import skinny_matmul
+from pallas_kernels.skinny_matmul import GATES
 from pallas_kernels._dispatch import check_impl
 from pallas_kernels.gather_rows import FP32_SCALE, gather_rows_pallas, rms_norm as _rms_norm
 from pallas_kernels.rope_write import rope_write, rope_write_heads, rotate_half
 
-__all__ = ["rms_norm", "rms_norm_fp32_scale", "linear", "fuses_around_kernels", "gated_mlp", "silu_mlp", "apply_rope",
-           "rope_and_write"]
+__all__ = ["rms_norm", "rms_norm_fp32_scale", "linear", "fuses_around_kernels", "gated_mlp", "silu_mlp", "gelu_tanh",
+           "apply_rope", "rope_and_write"]
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, impl: str = "auto") -> jax.Array:
@@ -65,7 +66,8 @@ def fuses_around_kernels(impl: str, parallel: TensorParallel | None) -> bool:
             and check_impl(impl, "gather_rows") != "invariant")
 
 
-_GATES = {jax.nn.silu: "silu"}  # activations the matmul kernel applies to the gate itself
+gelu_tanh = GATES["gelu_tanh"]  # HF gelu_pytorch_tanh (Gemma 4)
+_GATES = {fn: name for name, fn in GATES.items()}  # activations the matmul kernel applies to the gate itself
 
 
 def gated_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, activation, *, impl: str = "auto",

@@ -58,8 +58,8 @@ _SMEM_LIMIT = 220 * 1024  # pipelined tile bytes per program (227 KiB max); fewe
 
 
 def skinny_matmul_reference(x, w, *, w_transposed=False, gated=None):
-    """``x @ w``; with ``gated="silu"``, w is ``[gate | up]`` and the result ``silu(x @ gate) * (x @ up)``,
-    each product rounded to x's dtype first."""
+    """``x @ w``; with ``gated`` (a name in ``GATES``, e.g. ``"silu"``), w is ``[gate | up]`` and the result
+    ``act(x @ gate) * (x @ up)``, each product rounded to x's dtype first."""
     # fp32 operands: full fp32 (no TF32). 16-bit operands: default precision, which is
     # already bf16 x bf16 -> fp32; HIGHEST there made XLA's M = 1 dot 3x slower on H100.
     f32 = jnp.dtype(jnp.float32) in (jnp.dtype(x.dtype), jnp.dtype(w.dtype))
@@ -123,7 +123,9 @@ def _kernel(*refs, m, k, n, block_m, m_tiles, block_k, block_n, k_per_split, mas
         plgpu.store(o_ref.at[pl.ds(t * block_m, block_m), :], out.astype(o_ref.dtype), mask=_and2d(rows_ok[t], col_ok))
 
 
-GATES = {"silu": jax.nn.silu}  # activations of the gate: the kernel's epilogue (in fp32) and the reference
+# Activations of the gate: the kernel's epilogue (in fp32) and the reference. SiLU for Llama / Qwen, the tanh
+# GELU (HF ``gelu_pytorch_tanh``) for Gemma 4.
+GATES = {"silu": jax.nn.silu, "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True)}
 
 
 def _and2d(rows, cols):

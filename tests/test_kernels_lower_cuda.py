@@ -92,14 +92,15 @@ def test_skinny_matmul_lowers_for_cuda(m, k, n, dtype, cfg):
     assert triton_kernel_count(text) >= 1
 
 
-@pytest.mark.parametrize("m,k,n", [(5, 2048, 16384), (3, 576, 3072), (1, 576, 3072)])
-def test_skinny_matmul_with_gate_lowers_for_cuda(m, k, n):
+@pytest.mark.parametrize("m,k,n,gated", [(5, 2048, 16384, "silu"), (3, 576, 3072, "silu"), (1, 576, 3072, "silu"),
+                                         (1, 2560, 20480, "gelu_tanh")])
+def test_skinny_matmul_with_gate_lowers_for_cuda(m, k, n, gated):
     import importlib
 
     sm = importlib.import_module("pallas_kernels.skinny_matmul")
 
     def fn(x, w):
-        return sm.skinny_matmul_pallas(x, w, gated="silu", interpret=False)
+        return sm.skinny_matmul_pallas(x, w, gated=gated, interpret=False)
 
     text = lower_for_cuda(fn, _S((m, k), jnp.bfloat16), _S((k, n), jnp.bfloat16))
     assert triton_kernel_count(text) == 1  # the gate lives inside the one kernel

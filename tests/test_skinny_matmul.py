@@ -149,8 +149,8 @@ def test_kernel_short_k_tiling(m, k, n):
 
 # --- the gated epilogue ----------------------------------------------------------------------
 
-def _check_gated(out, x, w):
-    ref = skinny_matmul_reference(x, w, gated="silu")
+def _check_gated(out, x, w, gated="silu"):
+    ref = skinny_matmul_reference(x, w, gated=gated)
     assert out.shape == ref.shape and out.dtype == ref.dtype
     out32, ref32 = (np.asarray(a.astype(jnp.float32)) for a in (out, ref))
     assert np.isfinite(out32).all(), "unwritten (NaN-poisoned) or NaN-contaminated output"
@@ -160,14 +160,16 @@ def _check_gated(out, x, w):
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
-@pytest.mark.parametrize("m,k,n", [(1, 200, 256), (5, 256, 128), (17, 300, 192)])  # 96: 32-wide tiles
-def test_kernel_gates_silu_of_gate_times_up(m, k, n, dtype):
-    """w = [gate | up] -> silu(x @ gate) * (x @ up) [m, n / 2]: each program holds one column tile of
-    each half, so the MLP's activation costs no launch of its own (ragged K, padded rows)."""
+@pytest.mark.parametrize("m,k,n,gated", [(1, 200, 256, "silu"), (5, 256, 128, "silu"), (17, 300, 192, "silu"),
+                                         (1, 200, 256, "gelu_tanh"), (5, 256, 128, "gelu_tanh")])  # 96: 32-wide tiles
+def test_kernel_gates_the_activation_of_gate_times_up(m, k, n, gated, dtype):
+    """w = [gate | up] -> act(x @ gate) * (x @ up) [m, n / 2] (SiLU: Llama / Qwen; tanh GELU: Gemma 4):
+    each program holds one column tile of each half, so the MLP's activation costs no launch of its
+    own (ragged K, padded rows)."""
     x, w = _inputs(m, k, n, dtype, seed=k)
-    out = sm.skinny_matmul_pallas(x, w, interpret=True, gated="silu")
+    out = sm.skinny_matmul_pallas(x, w, interpret=True, gated=gated)
     assert out.shape == (m, n // 2)
-    _check_gated(out, x, w)
+    _check_gated(out, x, w, gated)
 
 
 @pytest.mark.parametrize("n_half,block_n", [(1536, 16), (4864, 64), (8192, 64)])
@@ -197,19 +199,24 @@ def test_dispatcher_fuses_under_pallas_and_composes_elsewhere():
 
 
 def test_layers_fuse_the_gate_without_changing_the_unfused_result():
-    """jspec.layers hands the MLP's gate to the matmul's dispatcher on one device; where no kernel
-    runs (CPU, "xla") the result is bitwise the unfused composition, and "invariant" composes it."""
-    from jspec.layers import fuses_around_kernels, linear, silu_mlp
+    """jspec.layers hands the MLP's gate (SiLU, tanh GELU) to the matmul's dispatcher on one device;
+    where no kernel runs (CPU, "xla") the result is bitwise the unfused composition, and "invariant"
+    composes it; on the kernel ("pallas") it agrees within bf16 rounding."""
+    from jspec.layers import fuses_around_kernels, gated_mlp, gelu_tanh, linear
 
     x, gate_up = _inputs(3, 128, 2 * 64, jnp.bfloat16, seed=1)
     down = _inputs(1, 64, 128, jnp.bfloat16, seed=2)[1]
 
-    def composed(impl):
-        gate, up = jnp.split(linear(x, gate_up, impl=impl), 2, axis=-1)
-        return linear(jax.nn.silu(gate) * up, down, impl=impl)
+    for activation in (jax.nn.silu, gelu_tanh):
+        def composed(impl):
+            gate, up = jnp.split(linear(x, gate_up, impl=impl), 2, axis=-1)
+            return linear(activation(gate) * up, down, impl=impl)
 
-    for impl in ("auto", "xla", "invariant"):
-        np.testing.assert_array_equal(np.asarray(silu_mlp(x, gate_up, down, impl=impl)), np.asarray(composed(impl)))
+        for impl in ("auto", "xla", "invariant"):
+            np.testing.assert_array_equal(np.asarray(gated_mlp(x, gate_up, down, activation, impl=impl)),
+                                          np.asarray(composed(impl)))
+        fused = np.asarray(gated_mlp(x, gate_up, down, activation, impl="pallas"), np.float32)
+        np.testing.assert_allclose(fused, np.asarray(composed("xla"), np.float32), rtol=3e-2, atol=3e-2)
     assert fuses_around_kernels("pallas", None) and not fuses_around_kernels("invariant", None)
     assert not fuses_around_kernels("auto,gather_rows=invariant", None)
     assert not fuses_around_kernels("auto", object())

@@ -178,16 +178,19 @@ def check_gather_rows(seed=0):
 
 def check_fused_matmul(seed=0, max_weight=None):
     """The skinny matmul with its gated epilogue (decode / verify rows at the 8B, 1B, SmolLM2 and
-    Qwen2.5-0.5B gate/up shapes, a ragged K); ``max_weight``: skip weights of more elements."""
+    Qwen2.5-0.5B gate/up shapes with SiLU, Gemma 4 E4B's with the tanh GELU, a ragged K);
+    ``max_weight``: skip weights of more elements."""
     rng = np.random.default_rng(seed)
-    for m, k, n in [(1, 4096, 28672), (5, 2048, 16384), (1, 576, 3072), (1, 896, 9728), (3, 1000, 1536)]:
+    for m, k, n, gated in [(1, 4096, 28672, "silu"), (5, 2048, 16384, "silu"), (1, 576, 3072, "silu"),
+                           (1, 896, 9728, "silu"), (3, 1000, 1536, "silu"), (1, 2560, 20480, "gelu_tanh"),
+                           (3, 1000, 1536, "gelu_tanh")]:
         if max_weight and k * n > max_weight:
             continue
         x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
         w = jnp.asarray(rng.standard_normal((k, n)) / np.sqrt(k), jnp.bfloat16)
-        fns = {impl: jax.jit(lambda x, w, impl=impl: skinny_matmul(x, w, impl=impl, gated="silu"))
+        fns = {impl: jax.jit(lambda x, w, impl=impl, gated=gated: skinny_matmul(x, w, impl=impl, gated=gated))
                for impl in ("pallas", "xla")}
-        entry = dict(measure="check", name=f"skinny_matmul_{m}x{k}x{n}_gated_silu")
+        entry = dict(measure="check", name=f"skinny_matmul_{m}x{k}x{n}_gated_{gated}")
         yield _compare(entry, lambda: fns["pallas"](x, w), lambda: fns["xla"](x, w), (3e-2, 2e-2))
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from jspec.kv import KVCache, write_rows
 from jspec.parallel import TensorParallel, per_head, split_columns
-from jspec.layers import apply_rope, gated_mlp, linear
+from jspec.layers import apply_rope, gated_mlp, gelu_tanh, linear
 from jspec.layers import rms_norm_fp32_scale as rms_norm
 from jspec.models.base import (NO_CAPTURE, Capture, as_is, lm_head, random_matrix, random_norm_weight,
                                token_positions)
@@ -36,7 +36,6 @@ from jspec.models.gemma4.config import SLIDING, Gemma4Config
 from jspec.rope import rope_cos_sin
 from pallas_kernels import decode_attention, gather_rows
 
-gelu_tanh = functools.partial(jax.nn.gelu, approximate=True)  # HF gelu_pytorch_tanh
 
 
 @jax.tree_util.register_dataclass
