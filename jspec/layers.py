@@ -14,6 +14,7 @@ from pallas_kernels import skinny_matmul
 from pallas_kernels.skinny_matmul import GATES
 from pallas_kernels._dispatch import check_impl
 from pallas_kernels.gather_rows import FP32_SCALE, gather_rows_pallas, rms_norm as _rms_norm
+from pallas_kernels.gather_rows import rms_norm_fp32_scale as _rms_norm_fp32_scale
 from pallas_kernels.rope_write import rope_write, rope_write_heads, rotate_half
 
 __all__ = ["rms_norm", "rms_norm_fp32_scale", "linear", "fuses_around_kernels", "gated_mlp", "silu_mlp", "gelu_tanh",
@@ -41,11 +42,7 @@ def rms_norm_fp32_scale(x: jax.Array, weight: jax.Array | None, eps: float, *, i
     ``impl="invariant"``: the row-norm kernel, as for :func:`rms_norm`."""
     if check_impl(impl, "gather_rows") == "invariant":
         return _norm_every_row(x, weight, eps, norm=FP32_SCALE)
-    x32 = x.astype(jnp.float32)
-    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    if weight is not None:
-        normed = normed * weight.astype(jnp.float32)
-    return normed.astype(x.dtype)
+    return _rms_norm_fp32_scale(x, weight, eps)
 
 
 def linear(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, *, impl: str = "auto",
@@ -97,20 +94,26 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return rotate_half(x, cos[:, :, None, :], sin[:, :, None, :])
 
 
-def rope_and_write(qkv: jax.Array, parts: tuple[int, int, int], cos: jax.Array, sin: jax.Array, k_buf: jax.Array,
+def rope_and_write(qkv: jax.Array, parts: tuple[int, ...], cos: jax.Array, sin: jax.Array, k_buf: jax.Array,
                    v_buf: jax.Array, kv_lengths: jax.Array, *, head_dim: int, q_norm: jax.Array | None = None,
-                   k_norm: jax.Array | None = None, eps: float = 1e-6, impl: str = "auto",
-                   parallel: TensorParallel | None = None):
-    """From a fused q/k/v projection ``qkv [batch, T, sum(parts)]``: q and k per head (RMS-normed by
-    ``q_norm`` / ``k_norm`` first where given), rotated, and k and v written into the caches
-    ``[batch, kv_heads, L, head_dim]`` at ``kv_lengths``. Returns ``(q [batch, T, heads, head_dim],
-    k_buf, v_buf)``. One kernel launch (``pallas_kernels.rope_write``) where it runs and
+                   k_norm: jax.Array | None = None, eps: float = 1e-6, norm: str | None = None, v_norm: bool = False,
+                   impl: str = "auto", parallel: TensorParallel | None = None):
+    """From a fused q/k/v projection ``qkv [batch, T, sum(parts)]`` (``parts``: q, k, v columns; q and k
+    only where V is the raw K, Gemma 4's ``attention_k_eq_v``): q and k per head (RMS-normed by
+    ``q_norm`` / ``k_norm`` first where given, rounded as ``norm`` says: None for Llama / Qwen3,
+    ``FP32_SCALE`` for Gemma 4; ``v_norm``: v normed too, without a weight), rotated, and k and v written
+    into the caches ``[batch, kv_heads, L, head_dim]`` at ``kv_lengths``. Returns ``(q [batch, T, heads,
+    head_dim], k_buf, v_buf)``. One kernel launch (``pallas_kernels.rope_write``) where it runs and
     :func:`fuses_around_kernels` allows; else the composition of the pieces."""
     batch, rows, _ = qkv.shape
     num_heads, num_kv_heads = parts[0] // head_dim, parts[1] // head_dim
+    k_eq_v = len(parts) == 2
+    if v_norm and norm != FP32_SCALE:
+        raise ValueError(f"v_norm (a norm without a weight) needs norm={FP32_SCALE!r}")
     if fuses_around_kernels(impl, parallel):
         return rope_write(qkv, cos, sin, k_buf, v_buf, kv_lengths, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                          q_norm=q_norm, k_norm=k_norm, eps=eps, impl=impl)
-    q, k, v = (x.reshape(batch, rows, -1, head_dim) for x in split_columns(qkv, parts, parallel))
-    return rope_write_heads(q, k, v, cos, sin, k_buf, v_buf, kv_lengths, q_norm=q_norm, k_norm=k_norm, eps=eps,
-                            norm=functools.partial(rms_norm, impl=impl))
+                          q_norm=q_norm, k_norm=k_norm, eps=eps, norm=norm, v_norm=v_norm, k_eq_v=k_eq_v, impl=impl)
+    q, k, *v = (x.reshape(batch, rows, -1, head_dim) for x in split_columns(qkv, parts, parallel))
+    norm_fn = rms_norm if norm is None else rms_norm_fp32_scale
+    return rope_write_heads(q, k, k if k_eq_v else v[0], cos, sin, k_buf, v_buf, kv_lengths, q_norm=q_norm,
+                            k_norm=k_norm, eps=eps, norm=functools.partial(norm_fn, impl=impl), v_norm=v_norm)

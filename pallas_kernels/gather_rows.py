@@ -44,6 +44,16 @@ def rms_norm(x, weight, eps):
     return weight * normed.astype(x.dtype)
 
 
+def rms_norm_fp32_scale(x, weight, eps):
+    """Gemma 4 RMSNorm (:data:`FP32_SCALE`): normalise and scale by ``weight`` in fp32, cast last;
+    ``weight=None``: no scale (Gemma 4's ``v_norm``)."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    if weight is not None:
+        normed = normed * weight.astype(jnp.float32)
+    return normed.astype(x.dtype)
+
+
 def _normalize_rows(rows, seq_len):
     rows = rows.astype(jnp.int32)
     rows = jnp.where(rows < 0, rows + seq_len, rows)

@@ -124,3 +124,20 @@ def test_rope_write_lowers_for_cuda(rows, qk_norm):
     text = lower_for_cuda(fn, _S((batch, rows, (heads + 2 * kv_heads) * d), jnp.bfloat16), table, table, cache, cache,
                           _S((batch,), jnp.int32), *norms)
     assert triton_kernel_count(text) == 1
+
+
+def test_rope_write_lowers_for_cuda_at_gemma4_full_layers():
+    """head_dim 512, fp32-scaled q / k norms, v normed without a weight, V the raw K (``k_eq_v``)."""
+    from pallas_kernels.rope_write import rope_write_pallas
+
+    heads, kv_heads, d, batch, rows = 32, 4, 512, 1, 5
+
+    def fn(qkv, cos, sin, k_buf, v_buf, lengths, q_norm, k_norm):
+        return rope_write_pallas(qkv, cos, sin, k_buf, v_buf, lengths, q_norm, k_norm, num_heads=heads,
+                                 num_kv_heads=kv_heads, norm="fp32_scale", v_norm=True, k_eq_v=True, interpret=False)
+
+    table = _S((batch, rows, d), jnp.bfloat16)
+    cache = _S((batch, kv_heads, 1024, d), jnp.bfloat16)
+    text = lower_for_cuda(fn, _S((batch, rows, (heads + kv_heads) * d), jnp.bfloat16), table, table, cache, cache,
+                          _S((batch,), jnp.int32), _S((d,), jnp.bfloat16), _S((d,), jnp.bfloat16))
+    assert triton_kernel_count(text) == 1

@@ -195,13 +195,16 @@ def check_fused_matmul(seed=0, max_weight=None):
 
 
 def check_rope_write(seed=0):
-    """RoPE + the K/V cache write at Llama / Qwen3 head shapes, ragged lengths; the caches' rows past
-    the new ones are NaN and must stay so (compared as written: NaN where the reference has NaN)."""
+    """RoPE + the K/V cache write at Llama / Qwen3 / Gemma 4 head shapes, ragged lengths; the caches'
+    rows past the new ones are NaN and must stay so (compared as written: NaN where the reference has NaN)."""
     rng = np.random.default_rng(seed)
-    for batch, rows, heads, kv_heads, head_dim, qk_norm in [(4, 1, 32, 8, 128, False), (3, 5, 16, 8, 128, True),
-                                                          (2, 80, 32, 8, 64, False)]:
+    gemma4 = dict(norm="fp32_scale", v_norm=True)
+    for batch, rows, heads, kv_heads, head_dim, qk_norm, options in [
+            (4, 1, 32, 8, 128, False, {}), (3, 5, 16, 8, 128, True, {}), (2, 80, 32, 8, 64, False, {}),
+            (2, 5, 32, 16, 256, True, gemma4), (2, 5, 32, 4, 512, True, dict(gemma4, k_eq_v=True))]:
         max_len = 512
-        qkv = jnp.asarray(rng.standard_normal((batch, rows, (heads + 2 * kv_heads) * head_dim)), jnp.bfloat16)
+        v_heads = 0 if options.get("k_eq_v") else kv_heads
+        qkv = jnp.asarray(rng.standard_normal((batch, rows, (heads + kv_heads + v_heads) * head_dim)), jnp.bfloat16)
         angles = np.tile(rng.uniform(0, 6, (batch, rows, head_dim // 2)), 2)
         cos, sin = (jnp.asarray(f(angles), jnp.bfloat16) for f in (np.cos, np.sin))
         lengths = jnp.asarray(rng.integers(0, max_len - rows + 1, size=batch), jnp.int32)
@@ -210,11 +213,12 @@ def check_rope_write(seed=0):
                               jnp.bfloat16) for _ in range(2)]
         norms = ([jnp.asarray(1 + 0.1 * rng.standard_normal(head_dim), jnp.bfloat16) for _ in range(2)]
                  if qk_norm else [None, None])
-        fns = {impl: jax.jit(lambda *a, impl=impl: jnp.concatenate([x.reshape(-1) for x in rope_write(
-            *a[:6], num_heads=heads, num_kv_heads=kv_heads, q_norm=a[6], k_norm=a[7], impl=impl)]))
+        fns = {impl: jax.jit(lambda *a, impl=impl, options=options: jnp.concatenate([x.reshape(-1) for x in rope_write(
+            *a[:6], num_heads=heads, num_kv_heads=kv_heads, q_norm=a[6], k_norm=a[7], impl=impl, **options)]))
             for impl in ("pallas", "xla")}
         args = (qkv, cos, sin, *caches, lengths, *norms)
-        entry = dict(measure="check", name=f"rope_write_b{batch}_t{rows}_h{heads}_{kv_heads}_d{head_dim}_qknorm{qk_norm}")
+        entry = dict(measure="check", name=f"rope_write_b{batch}_t{rows}_h{heads}_{kv_heads}_d{head_dim}_qknorm{qk_norm}"
+                                           + "".join(f"_{k}" for k in options))
         # NaN -> a sentinel: a row written where it must not be, or left unwritten, mismatches
         yield _compare(entry, lambda: np.nan_to_num(np.asarray(fns["pallas"](*args), np.float32), nan=1e4),
                        lambda: np.nan_to_num(np.asarray(fns["xla"](*args), np.float32), nan=1e4), (2e-2, 1e-2))

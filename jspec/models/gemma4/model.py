@@ -26,15 +26,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.kv import KVCache, write_rows
+from jspec.kv import KVCache
 from jspec.parallel import TensorParallel, per_head, split_columns
-from jspec.layers import apply_rope, gated_mlp, gelu_tanh, linear
+from jspec.layers import apply_rope, gated_mlp, gelu_tanh, linear, rope_and_write
 from jspec.layers import rms_norm_fp32_scale as rms_norm
 from jspec.models.base import (NO_CAPTURE, Capture, as_is, lm_head, random_matrix, random_norm_weight,
                                token_positions)
 from jspec.models.gemma4.config import SLIDING, Gemma4Config
 from jspec.rope import rope_cos_sin
 from pallas_kernels import decode_attention, gather_rows
+from pallas_kernels.gather_rows import FP32_SCALE
 
 
 
@@ -145,20 +146,20 @@ def attention(
     attention and projections run per device. Returns ``([batch, T, hidden], k_buf, v_buf)``.
     """
     batch, num_rows, _ = h.shape
-    kv_heads, head_dim = c.attention_shape(index)
+    _, head_dim = c.attention_shape(index)
     q_size = c.num_heads * head_dim
     proj = linear(h, layer.qkv, impl=impl, parallel=parallel, split="column")
-    q, *kv = split_columns(proj, qkv_parts(c, index), parallel)
-    q = q.reshape(batch, num_rows, c.num_heads, head_dim)
-    q = rms_norm(q, layer.q_norm, c.rms_norm_eps, impl=impl)
-    q = apply_rope(q, cos, sin)
-    if kv:
-        k = kv[0].reshape(batch, num_rows, kv_heads, head_dim)
-        v = kv[1].reshape(k.shape) if len(kv) > 1 else k  # k_eq_v: the raw k
-        k = apply_rope(rms_norm(k, layer.k_norm, c.rms_norm_eps, impl=impl), cos, sin)
-        v = rms_norm(v, None, c.rms_norm_eps, impl=impl)
-        k_buf = write_rows(k_buf, k.transpose(0, 2, 1, 3), kv_lengths - num_rows)
-        v_buf = write_rows(v_buf, v.transpose(0, 2, 1, 3), kv_lengths - num_rows)
+    parts = qkv_parts(c, index)
+    if len(parts) > 1:  # q, k and (unless k_eq_v: the raw k) v: normed, rotated and written in one kernel
+        q, k_buf, v_buf = rope_and_write(proj, parts, cos, sin, k_buf, v_buf, kv_lengths - num_rows,
+                                         head_dim=head_dim, q_norm=layer.q_norm, k_norm=layer.k_norm,
+                                         eps=c.rms_norm_eps, norm=FP32_SCALE, v_norm=True, impl=impl,
+                                         parallel=parallel)
+    else:  # a KV-shared layer: q only
+        q = split_columns(proj, parts, parallel)[0].reshape(batch, num_rows, c.num_heads, head_dim)
+        q = rms_norm(q, layer.q_norm, c.rms_norm_eps, impl=impl)
+        q = apply_rope(q, cos, sin)
+
     def attend(q, k_buf, v_buf, kv_lengths, positions, tree_mask):
         return decode_attention(q, k_buf, v_buf, kv_lengths, q_positions=positions, tail_mask=tree_mask,
                                 window=c.window(index), scale=1.0, impl=impl)
