@@ -174,7 +174,9 @@ def rope_write(qkv, cos, sin, k_buf, v_buf, kv_lengths, *, num_heads, num_kv_hea
     ``benchmarks/decode_h100_rope_write_*.json``): in the on-device loop SmolLM2-135M batch 1 1.117 vs
     1.267 ms/token, Llama-3.2-1B 1.338 vs 1.386, Llama-3.1-8B 6.849 vs 7.139; at batch 16 ties (1.043 /
     1.054, 6.062 / 6.067); the verify of 5 rows faster everywhere (8B batch 16 GPU time 7.255 vs 7.258 ms,
-    wall 9.97 vs 12.40) and prefill tied."""
+    wall 9.97 vs 12.40) and prefill tied. Gemma 4's variant (its norms, head_dim 256 / 512) replaces more
+    launches per layer (q, k and v norms, two rotations, two writes) but is not yet measured on its own:
+    ``impl="auto,rope_write=xla"`` is the comparison."""
     impl = check_impl(impl, "rope_write")
     head_dim = k_buf.shape[-1]
     shapes_fit = head_dim % 2 == 0 and (head_dim // 2) & (head_dim // 2 - 1) == 0
