@@ -33,7 +33,8 @@ where ``benchmarks/skinny_matmul*.json`` showed it faster than XLA's dot (16-bit
 the swept model shapes per M bucket up to 16 rows, other shapes at M = 1; see
 ``_auto_uses_pallas``); everywhere else (CPU, prefill) it is the reference.
 ``impl="pallas"`` takes any M <= 64 (tilings: :mod:`pallas_kernels.skinny_tilings`, swept per M bucket
-for the Llama-3.2-1B and Llama-3.1-8B projection shapes).
+for the Llama-3.2-1B and Llama-3.1-8B projection shapes); more rows (a prefill) are no skinny product,
+so they take the reference there too, as every dispatcher does with shapes its kernel does not take.
 """
 
 from __future__ import annotations
@@ -256,6 +257,7 @@ def _auto_uses_pallas(m: int, k: int, n: int, x_dtype, w_dtype) -> bool:
 
 def skinny_matmul(x, w, *, impl="auto", w_transposed=False, gated=None):
     """Dispatcher: ``x @ w`` for x [..., K], w [K, N] -> [..., N] (w [N, K] with ``w_transposed``).
+    ``impl="pallas"``: the kernel for up to ``MAX_M`` rows, the reference for more (a prefill);
     ``impl="invariant"``: the kernel with :func:`invariant_config`, for any number of rows.
 
     ``gated="silu"`` (w is ``[gate | up]``; the result ``silu(x @ gate) * (x @ up)``, [..., N / 2]):
@@ -273,10 +275,7 @@ def skinny_matmul(x, w, *, impl="auto", w_transposed=False, gated=None):
         itemsize = jnp.dtype(jnp.promote_types(x.dtype, w.dtype)).itemsize
         config = invariant_config(k, n, itemsize, w_transposed=w_transposed)
         return skinny_matmul_pallas(x, w, config=config, w_transposed=w_transposed)
-    if impl == "pallas":
-        if m > MAX_M:
-            raise ValueError(
-                f"the skinny-matmul kernel takes at most {MAX_M} rows, got {m}; use impl='auto'")
+    if impl == "pallas" and m <= MAX_M:
         if _fits_gated(m, k, n, x.dtype, w.dtype, gated):
             return skinny_matmul_pallas(x, w, w_transposed=w_transposed, gated=gated)
         gate, up = jnp.split(skinny_matmul_pallas(x, w), 2, axis=-1)
