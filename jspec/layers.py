@@ -15,7 +15,7 @@ from pallas_kernels.skinny_matmul import GATES
 from pallas_kernels._dispatch import check_impl
 from pallas_kernels.gather_rows import FP32_SCALE, gather_rows_pallas, rms_norm as _rms_norm
 from pallas_kernels.gather_rows import rms_norm_fp32_scale as _rms_norm_fp32_scale
-from pallas_kernels.rope_write import rope_write, rope_write_heads, rotate_half
+from pallas_kernels.rope_write import check_norm, rope_write, rope_write_heads, rotate_half
 
 __all__ = ["rms_norm", "rms_norm_fp32_scale", "linear", "fuses_around_kernels", "gated_mlp", "silu_mlp", "gelu_tanh",
            "apply_rope", "rope_and_write"]
@@ -108,8 +108,7 @@ def rope_and_write(qkv: jax.Array, parts: tuple[int, ...], cos: jax.Array, sin: 
     batch, rows, _ = qkv.shape
     num_heads, num_kv_heads = parts[0] // head_dim, parts[1] // head_dim
     k_eq_v = len(parts) == 2
-    if v_norm and norm != FP32_SCALE:
-        raise ValueError(f"v_norm (a norm without a weight) needs norm={FP32_SCALE!r}")
+    check_norm(norm, v_norm)
     if fuses_around_kernels(impl, parallel):
         return rope_write(qkv, cos, sin, k_buf, v_buf, kv_lengths, num_heads=num_heads, num_kv_heads=num_kv_heads,
                           q_norm=q_norm, k_norm=k_norm, eps=eps, norm=norm, v_norm=v_norm, k_eq_v=k_eq_v, impl=impl)

@@ -127,9 +127,8 @@ def _kernel(len_ref, qkv_ref, cos_ref, sin_ref, *refs, num_heads, num_kv_heads, 
         store(v_out, (b, kv_head, cache_rows), normed(*v, None) if v_norm else v)
 
 
-def _check_options(head_dim, norm, v_norm):
-    if head_dim % 2 or (head_dim // 2) & (head_dim // 2 - 1):
-        raise ValueError(f"the rope-write kernel needs head_dim / 2 a power of two, got head_dim {head_dim}")
+def check_norm(norm, v_norm):
+    """A clear error for norm options no path takes (kernel, reference, or a caller's composition)."""
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {list(NORMS)}, got {norm!r}")
     if v_norm and norm != FP32_SCALE:
@@ -143,7 +142,9 @@ def rope_write_pallas(qkv, cos, sin, k_buf, v_buf, kv_lengths, q_norm=None, k_no
     """The kernel (see the module docstring); ``interpret`` defaults to off a GPU only."""
     batch, rows, _ = qkv.shape
     head_dim = k_buf.shape[-1]
-    _check_options(head_dim, norm, v_norm)
+    if head_dim % 2 or (head_dim // 2) & (head_dim // 2 - 1):
+        raise ValueError(f"the rope-write kernel needs head_dim / 2 a power of two, got head_dim {head_dim}")
+    check_norm(norm, v_norm)
     half = head_dim // 2
     block_t = min(MAX_BLOCK_T, max(16, 1 << (rows - 1).bit_length()), max(16, _TILE_ELEMENTS // half))
     norms = [] if q_norm is None else [q_norm, k_norm]
@@ -178,11 +179,11 @@ def rope_write(qkv, cos, sin, k_buf, v_buf, kv_lengths, *, num_heads, num_kv_hea
     launches per layer (q, k and v norms, two rotations, two writes) but is not yet measured on its own:
     ``impl="auto,rope_write=xla"`` is the comparison."""
     impl = check_impl(impl, "rope_write")
+    check_norm(norm, v_norm)
     head_dim = k_buf.shape[-1]
     shapes_fit = head_dim % 2 == 0 and (head_dim // 2) & (head_dim // 2 - 1) == 0
     options = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, eps=eps, norm=norm, v_norm=v_norm, k_eq_v=k_eq_v)
     if shapes_fit and (impl == "pallas" or (impl == "auto" and on_gpu())):
         return tuple(rope_write_pallas(qkv, cos, sin, k_buf, v_buf, kv_lengths, q_norm, k_norm,
                                        interpret=not on_gpu(), **options))
-    _check_options(2, norm, v_norm)
     return rope_write_reference(qkv, cos, sin, k_buf, v_buf, kv_lengths, q_norm=q_norm, k_norm=k_norm, **options)

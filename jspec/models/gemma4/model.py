@@ -38,7 +38,6 @@ from pallas_kernels import decode_attention, gather_rows
 from pallas_kernels.gather_rows import FP32_SCALE
 
 
-
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Layer:
