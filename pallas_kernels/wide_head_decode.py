@@ -12,7 +12,9 @@ registers). This kernel is built the way FlashMLA runs 512-wide heads:
 * a producer warpgroup streams K and V by TMA in chunks of ``block_kv`` rows x 256 columns (per
   K/V block: K's chunks, then V's) into a ring of ``slots`` chunks. At head_dim 512 a whole K and V
   block (128 KiB) beside q (64 KiB) leaves no room for a second one; five 32 KiB chunks let the next
-  block's K stream in while this block's V is consumed;
+  block's K stream in while this block's V is consumed. A CTA streams only as fast as the chunks it
+  keeps in flight, so a fuller M tile takes 32-row blocks (a ring of eight 16 KiB chunks, which free
+  sooner: :func:`default_block_kv`);
 * ``head_dim // 256`` consumer warpgroups each own 256 output columns (a 64 x 256 fp32
   accumulator, WGMMA's widest N): each computes the scores ``q @ k.T`` over the whole head_dim
   itself (recomputing them costs tensor-core time, which is idle here, instead of a round trip
@@ -48,8 +50,27 @@ SMEM_BYTES = 227 * 1024  # shared memory of one Hopper CTA
 NUM_SMS = 132  # H100 / H200: the default split count aims at one CTA per SM
 
 
-def supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, *, block_kv=64) -> bool:
+def default_block_kv(num_q, num_q_heads, num_kv_heads) -> int:
+    """K/V rows per block: 32 once the query rows x GQA group fill more than half an M tile, else 64.
+
+    A chunk of the ring is held until both consumers are done with it; 32-row chunks free sooner and
+    keep more bytes in flight. H100, GPU time of a call, 32-row blocks against 64-row ones
+    (``benchmarks/draft_attention_gemma4_block_kv_h100.json``, batch 1 / 8, contexts 4k / 32k):
+    Gemma 4 31B full layers, 40 rows (5 query rows) 0.92-0.95 from 268 MB read, 72 rows (9) 0.71-0.91;
+    E4B, 36 rows 0.93-0.97 except batch 1 x 4k (1.08); 20 rows (E4B, 5 query rows) 1.06-1.24 below
+    1 GB read (the halved blocks' fixed costs weigh more there), 0.99 at 1 GB."""
+    return 32 if num_q * (num_q_heads // num_kv_heads) > ROWS // 2 else 64
+
+
+def default_slots(block_kv, most) -> int:
+    """Chunks in the K/V ring: all that fit at 64-row blocks (5), eight (two blocks) at 32 rows,
+    which measured 1-8% faster than the ten that fit."""
+    return most if block_kv >= 64 else min(most, 8)
+
+
+def supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, *, block_kv=None) -> bool:
     """Whether these shapes fit the kernel (the dispatcher's test; the kernel raises otherwise)."""
+    block_kv = block_kv or default_block_kv(num_q, num_q_heads, num_kv_heads)
     return (head_dim % COLUMNS == 0 and max_len % block_kv == 0
             and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)))
 
@@ -85,14 +106,15 @@ def _accumulate(acc, a, b, a_smem):
     return pl.run_state(accumulate)(plgpu.ACC.init(acc))
 
 
-def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block_kv=64, slots=None,
+def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block_kv=None, slots=None,
                           k_splits=None, interpret=None):
     """``q [batch, num_q, num_q_heads, head_dim]``, ``k, v [batch, num_kv_heads, max_len, head_dim]``,
     ``kv_lengths [batch]``, ``q_positions [batch, num_q]`` -> ``[batch, num_q, num_q_heads, head_dim]``.
 
-    Needs head_dim a multiple of 256, ``max_len`` a multiple of ``block_kv`` (a multiple of 64), a
-    16-bit cache; num_q x GQA group rows run in M tiles of 64. ``slots``: K/V chunks in the ring
-    (default: as many as 227 KiB of shared memory hold; at least one block's); ``k_splits``: see
+    Needs head_dim a multiple of 256, ``max_len`` a multiple of ``block_kv`` (a multiple of 32), a
+    16-bit cache; num_q x GQA group rows run in M tiles of 64. ``block_kv``: see
+    :func:`default_block_kv`; ``slots``: K/V chunks in the ring (at least one block's, at most what
+    227 KiB of shared memory hold beside q; default :func:`default_slots`); ``k_splits``: see
     :func:`default_splits`.
     """
     import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -102,11 +124,12 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     group = num_q_heads // num_kv_heads
     rows = num_q * group
     tiles = m_tiles(num_q, num_q_heads, num_kv_heads)
-    if block_kv % 64 or not supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, k.dtype,
+    block_kv = block_kv or default_block_kv(num_q, num_q_heads, num_kv_heads)
+    if block_kv % 32 or not supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, k.dtype,
                                      block_kv=block_kv):
         raise ValueError(
             f"decode_attention_wide needs head_dim a multiple of {COLUMNS} (got {head_dim}), max_len a multiple "
-            f"of block_kv (got {max_len}, {block_kv}; block_kv a multiple of 64) and a 16-bit cache (got {k.dtype})")
+            f"of block_kv (got {max_len}, {block_kv}; block_kv a multiple of 32) and a 16-bit cache (got {k.dtype})")
     interpret = interpret_mode() if interpret is None else interpret
     consumers = head_dim // COLUMNS
     n_blocks = max_len // block_kv
@@ -115,7 +138,7 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     # inside a warp in the WGMMA layout, so no cross-warp reduction scratch is reserved.
     free_bytes = SMEM_BYTES - ROWS * head_dim * k.dtype.itemsize - 2 * 1024 - 256
     most = free_bytes // (block_kv * COLUMNS * k.dtype.itemsize)
-    slots = most if slots is None else slots
+    slots = default_slots(block_kv, most) if slots is None else slots
     if not chunks <= slots <= most:
         raise ValueError(f"slots={slots}: the K/V ring holds one block's {chunks} chunks at least, and at most "
                          f"the {most} chunks of {block_kv} x {COLUMNS} that fit the {SMEM_BYTES} bytes of shared "
@@ -141,8 +164,13 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     row_limit = row_limit.reshape(batch, tiles, ROWS)
     lowest, highest = jnp.min(row_limit, axis=2), jnp.max(row_limit, axis=2)  # each tile reads what its rows see
 
+    # WGMMA's K groups are one swizzle wide and both operands share it: the product with V sums over
+    # block_kv rows, so 32-row blocks take 64-byte swizzles everywhere.
+    swizzle = min(128, block_kv * dtype.itemsize)
     wgmma_layout = plgpu.Layout.WGMMA
     row_layout = wgmma_layout.reduce(1)
+    # The layout of a plain copy of a swizzled tile: takes a K/V chunk of any block_kv (WGMMA's needs 64 rows).
+    copy_layout = plgpu.Layout.SMEM_GMEM_COPY((block_kv, COLUMNS), dtype, swizzle)
 
     def kernel(q_ref, k_ref, v_ref, limit_ref, length_ref, lowest_ref, highest_ref, out_ref, lse_ref, scratch):
         b, head_tile, split, wg = (lax.axis_index(name) for name in ("batch", "heads", "split", "wg"))
@@ -156,7 +184,6 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
             plgpu.set_max_registers(232, action="increase")
             plgpu.barrier_wait(q_ready.at[0])
             plgpu.barrier_wait(limit_ready.at[0])
-            limit = lax.broadcast_in_dim(plgpu.load(limit_smem, layout=row_layout), (ROWS, block_kv), [0])
             m = plgpu.layout_cast(jnp.full((ROWS,), _MASK_VALUE, jnp.float32), row_layout)
             l = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), row_layout)
             acc = plgpu.layout_cast(jnp.zeros((ROWS, COLUMNS), jnp.float32), wgmma_layout)
@@ -180,6 +207,8 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
                     plgpu.barrier_arrive(free.at[slot[j]])
 
                 def mask(s):  # -inf, not _MASK_VALUE: a row that sees nothing here keeps p = 0
+                    # The limits are read here, on the few blocks that need them, not held in registers.
+                    limit = lax.broadcast_in_dim(plgpu.load(limit_smem, layout=row_layout), s.shape, [0])
                     cols = start + plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=wgmma_layout)
                     return jnp.where(cols < limit, s, -jnp.inf)
 
@@ -197,8 +226,8 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
 
                 @pl.when(start + block_kv > length)
                 def _zero_rows_past_length():  # p is 0 there, but 0 * NaN is not
-                    tile = plgpu.load(v_tile, layout=wgmma_layout)
-                    r = plgpu.broadcasted_iota(jnp.int32, tile.shape, 0, layout=wgmma_layout)
+                    tile = plgpu.load(v_tile, layout=copy_layout)
+                    r = plgpu.broadcasted_iota(jnp.int32, tile.shape, 0, layout=copy_layout)
                     v_tile[...] = jnp.where(start + r < length, tile, jnp.zeros_like(tile))
                     plgpu.commit_smem()
 
@@ -244,7 +273,7 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
                     plgpu.copy_gmem_to_smem(source, ring.at[slot], ready.at[slot])
 
     def entry(*refs):
-        swizzled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+        swizzled = (plgpu.TilingTransform((8, swizzle // dtype.itemsize)), plgpu.SwizzleTransform(swizzle))
         pl.run_scoped(
             lambda *scratch: kernel(*refs, scratch),
             # Every operand in 256-column chunks, one allocation each: TMA copies and WGMMA take whole,

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from pallas_kernels.decode_attention import decode_attention_reference
-from pallas_kernels.wide_head_decode import decode_attention_wide, default_splits, supports
+from pallas_kernels.wide_head_decode import (decode_attention_wide, default_block_kv, default_slots, default_splits,
+                                             supports)
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu" and jax.__version_info__ < (0, 12),
                                 reason="the Mosaic GPU interpreter needs jax >= 0.12")
@@ -37,6 +38,9 @@ CASES = [  # (name, shapes, kernel kwargs)
     # 72 rows (Gemma 4 31B verifying 8 drafts): two M tiles, the second one's queries later than the first's.
     ("two_m_tiles", dict(batch=2, num_q=9, num_q_heads=16, num_kv_heads=2, max_len=256, head_dim=512,
                          lengths=[250, 40]), dict(k_splits=2)),
+    # 32-row K/V blocks (a deeper ring at the same bytes); the last block of each length cut inside a block.
+    ("thirty_two_row_blocks", dict(batch=2, num_q=5, num_q_heads=16, num_kv_heads=2, max_len=320, head_dim=512,
+                                   lengths=[301, 45]), dict(block_kv=32, k_splits=3)),
     # Frozen-KV drafting: every query at one position before the cache's end; a padding query (-1) sees nothing.
     ("drafts_at_one_position", dict(batch=2, num_q=3, num_q_heads=4, num_kv_heads=1, max_len=256, head_dim=256,
                                     lengths=[200, 64], positions=[[150, 150, -1], [63, 63, 63]]), dict(k_splits=4)),
@@ -74,6 +78,12 @@ def test_shapes_it_cannot_run_are_refused():
         decode_attention_wide(q[:, :1], k, v, lengths, q_positions=positions[:, :1], slots=1)
 
 
+def test_a_fuller_m_tile_takes_32_row_blocks_in_a_ring_of_eight():
+    assert default_block_kv(5, 32, 4) == 32 and default_block_kv(9, 32, 4) == 32  # 40, 72 rows
+    assert default_block_kv(5, 8, 2) == 64 and default_block_kv(9, 8, 2) == 32  # E4B: 20, 36 rows
+    assert default_slots(32, 10) == 8 and default_slots(64, 5) == 5
+
+
 def test_default_splits_aim_at_one_cta_per_sm():
     assert default_splits(1, 4, 32768, 64) == 33
     assert default_splits(8, 4, 32768, 64) == 4
@@ -82,12 +92,13 @@ def test_default_splits_aim_at_one_cta_per_sm():
     assert default_splits(1, 4, 32768, 64, tiles=2) == 16  # the M tiles of a head share the SMs too
 
 
-@pytest.mark.parametrize("num_q, num_q_heads, num_kv_heads, head_dim", [
-    (1, 32, 4, 512),  # Gemma 4 31B full layers: decode / one draft row
-    (9, 32, 4, 512),  # 31B verifying 8 drafts: two M tiles
-    (5, 32, 16, 256),  # 31B sliding layers
+@pytest.mark.parametrize("num_q, num_q_heads, num_kv_heads, head_dim, block_kv", [
+    (1, 32, 4, 512, 64),  # Gemma 4 31B full layers: decode / one draft row
+    (9, 32, 4, 512, 64),  # 31B verifying 8 drafts: two M tiles
+    (5, 32, 4, 512, 32),  # 31B verifying 4 drafts in 32-row blocks
+    (5, 32, 16, 256, 64),  # 31B sliding layers
 ])
-def test_default_ring_fits_shared_memory_when_lowered_for_cuda(num_q, num_q_heads, num_kv_heads, head_dim):
+def test_default_ring_fits_shared_memory_when_lowered_for_cuda(num_q, num_q_heads, num_kv_heads, head_dim, block_kv):
     """The whole Mosaic GPU lowering against an abstract H100 (no GPU): the default ring, q, limits
     and barriers fit one CTA's 227 KiB, which the interpreter does not check."""
     from tests._lowering import lower_for_cuda
@@ -95,6 +106,7 @@ def test_default_ring_fits_shared_memory_when_lowered_for_cuda(num_q, num_q_head
     q = jnp.zeros((1, num_q, num_q_heads, head_dim), jnp.bfloat16)
     cache = jnp.zeros((1, num_kv_heads, 4096, head_dim), jnp.bfloat16)
     lengths, positions = jnp.array([4000]), 3990 + jnp.arange(num_q)[None]
-    text = lower_for_cuda(lambda *args: decode_attention_wide(*args, q_positions=positions, interpret=False),
+    text = lower_for_cuda(lambda *args: decode_attention_wide(*args, q_positions=positions, block_kv=block_kv,
+                                                              interpret=False),
                           q, cache, cache, lengths)
     assert "mosaic_gpu" in text
