@@ -19,8 +19,10 @@ registers). This kernel is built the way FlashMLA runs 512-wide heads:
   accumulator, WGMMA's widest N): each computes the scores ``q @ k.T`` over the whole head_dim
   itself (recomputing them costs tensor-core time, which is idle here, instead of a round trip
   of the probabilities through shared memory), then its share of ``p @ v``;
-* splits of the KV axis write normalised partials and base-2 log-sum-exps, merged by one small
-  XLA fusion (``k_splits == 1`` writes the output directly).
+* splits of the KV axis write normalised partials (a tile's real rows only) and base-2
+  log-sum-exps, merged by XLA straight into the output's layout (``k_splits == 1`` writes the
+  output directly); the limits are scalar work inside the kernel, not XLA ops around it (each of
+  those is a launch of its own, ~1-2 us: a tenth of a 268 MB call).
 
 Masking: row ``r`` sees cache rows ``[0, limit_r)`` with ``limit_r = min(L, p_r + 1)``; only
 blocks past the smallest limit are masked, and rows past ``L`` (which may hold NaN) are zeroed in
@@ -152,17 +154,12 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
 
     # Query rows x GQA group -> M tiles per (sequence, KV head): row r = query r // group.
     padded = tiles * ROWS
+    tile_rows = [min(ROWS, pl.cdiv(rows - i * ROWS, 8) * 8) for i in range(tiles)]
     q_rows = q.astype(dtype).reshape(batch, num_q, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
     q_rows = jnp.pad(q_rows.reshape(batch, num_kv_heads, rows, head_dim), ((0, 0), (0, 0), (0, padded - rows), (0, 0)))
     # Whole tiles as leading indices (the kernel's dynamic indices stay on leading axes, as for heads).
     q_rows = q_rows.reshape(batch, num_kv_heads * tiles, ROWS, head_dim)
-    lengths = jnp.clip(kv_lengths.astype(jnp.int32), 0, max_len)
-    query_limit = jnp.minimum(lengths[:, None], q_positions.astype(jnp.int32) + 1)  # [batch, num_q]
-    query_limit = jnp.maximum(query_limit, 0)
-    # Padding rows copy the last query's limit: they then never widen the range of blocks read.
-    row_limit = jnp.pad(jnp.repeat(query_limit, group, axis=1), ((0, 0), (0, padded - rows)), mode="edge")
-    row_limit = row_limit.reshape(batch, tiles, ROWS)
-    lowest, highest = jnp.min(row_limit, axis=2), jnp.max(row_limit, axis=2)  # each tile reads what its rows see
+    lengths, positions = kv_lengths.astype(jnp.int32), q_positions.astype(jnp.int32)
 
     # WGMMA's K groups are one swizzle wide and both operands share it: the product with V sums over
     # block_kv rows, so 32-row blocks take 64-byte swizzles everywhere.
@@ -172,18 +169,33 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     # The layout of a plain copy of a swizzled tile: takes a K/V chunk of any block_kv (WGMMA's needs 64 rows).
     copy_layout = plgpu.Layout.SMEM_GMEM_COPY((block_kv, COLUMNS), dtype, swizzle)
 
-    def kernel(q_ref, k_ref, v_ref, limit_ref, length_ref, lowest_ref, highest_ref, out_ref, lse_ref, scratch):
+    def kernel(q_ref, k_ref, v_ref, length_ref, position_ref, out_ref, lse_ref, scratch):
         b, head_tile, split, wg = (lax.axis_index(name) for name in ("batch", "heads", "split", "wg"))
         h, t = head_tile // tiles, lax.rem(head_tile, tiles)
-        (q_smem, ring, limit_smem, lse_smem, p_smem), (q_ready, limit_ready, ready), (free, done) = scratch
-        length, lowest_b = length_ref[b], lowest_ref[b, t]
+        (q_smem, ring, lse_smem, p_smem), (q_ready, ready), (free, done) = scratch
+        # Query i sees cache rows [0, limit_i); the tile reads the blocks its queries see (scalar work,
+        # here rather than in XLA ops around the call: each of those is a launch).
+        length = jnp.clip(length_ref[b], 0, max_len)
+        limits = [jnp.maximum(jnp.minimum(length, position_ref[b, i] + 1), 0) for i in range(num_q)]
+
+        def in_tile(i):  # whether query i's rows [i * group, (i + 1) * group) meet this tile's
+            return True if tiles == 1 else (i * group < (t + 1) * ROWS) & ((i + 1) * group > t * ROWS)
+
+        lowest = functools.reduce(jnp.minimum, [jnp.where(in_tile(i), x, max_len) for i, x in enumerate(limits)])
+        highest = functools.reduce(jnp.maximum, [jnp.where(in_tile(i), x, 0) for i, x in enumerate(limits)])
         first = split * blocks_per_split
-        end = jnp.minimum(first + blocks_per_split, pl.cdiv(highest_ref[b, t], block_kv))
+        end = jnp.minimum(first + blocks_per_split, pl.cdiv(highest, block_kv))
 
         def consumer(c):
             plgpu.set_max_registers(232, action="increase")
             plgpu.barrier_wait(q_ready.at[0])
-            plgpu.barrier_wait(limit_ready.at[0])
+            # Each row's limit (one query: all rows share it); padding rows take the last query's, which
+            # never widens the tile's range.
+            row_limit = limits[-1]
+            if num_q > 1:
+                row_query = (t * ROWS + plgpu.broadcasted_iota(jnp.int32, (ROWS,), 0, layout=row_layout)) // group
+                row_limit = functools.reduce(lambda acc, i: jnp.where(row_query == i, limits[i], acc),
+                                             range(num_q - 2, -1, -1), row_limit)
             m = plgpu.layout_cast(jnp.full((ROWS,), _MASK_VALUE, jnp.float32), row_layout)
             l = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), row_layout)
             acc = plgpu.layout_cast(jnp.zeros((ROWS, COLUMNS), jnp.float32), wgmma_layout)
@@ -207,12 +219,11 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
                     plgpu.barrier_arrive(free.at[slot[j]])
 
                 def mask(s):  # -inf, not _MASK_VALUE: a row that sees nothing here keeps p = 0
-                    # The limits are read here, on the few blocks that need them, not held in registers.
-                    limit = lax.broadcast_in_dim(plgpu.load(limit_smem, layout=row_layout), s.shape, [0])
                     cols = start + plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=wgmma_layout)
+                    limit = row_limit if num_q == 1 else lax.broadcast_in_dim(row_limit, s.shape, [0])
                     return jnp.where(cols < limit, s, -jnp.inf)
 
-                s = lax.cond(start + block_kv > lowest_b, mask, lambda s: s, s)
+                s = lax.cond(start + block_kv > lowest, mask, lambda s: s, s)
                 m_new = jnp.maximum(m, s.max(axis=1))
                 alpha = jnp.exp2(m - m_new)
                 p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
@@ -245,7 +256,15 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
                 lse_smem[...] = jnp.where(l > 0, m + jnp.log2(l_safe), -jnp.inf)
             plgpu.commit_smem()
             out_tile = out_ref.at[b, head_tile] if k_splits == 1 else out_ref.at[b, head_tile, split]
-            plgpu.copy_smem_to_gmem(q_smem[c], out_tile.at[:, pl.ds(c * COLUMNS, COLUMNS)])
+
+            def write(n):  # a tile's real rows only (rounded up to whole 8-row smem tiles): the merge reads no more
+                plgpu.copy_smem_to_gmem(q_smem[c].at[pl.ds(0, n)], out_tile.at[pl.ds(0, n), pl.ds(c * COLUMNS, COLUMNS)])
+
+            for i, n in enumerate(tile_rows):
+                if tiles == 1:
+                    write(n)
+                else:
+                    pl.when(t == i)(functools.partial(write, n))
             if c == 0 and k_splits > 1:
                 plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, head_tile, split])
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -256,7 +275,6 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
         @pl.when(wg == consumers)
         def _producer():
             plgpu.set_max_registers(40, action="decrease")
-            plgpu.copy_gmem_to_smem(limit_ref.at[b, t], limit_smem, limit_ready.at[0])
 
             for j in range(consumers):
                 columns = pl.ds(j * COLUMNS, COLUMNS)
@@ -280,11 +298,9 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
             # contiguous chunks (and a static index into a shared-memory ref fails to lower on jax 0.11).
             ([plgpu.SMEM((ROWS, COLUMNS), dtype, transforms=swizzled)] * consumers,
              plgpu.SMEM((slots, block_kv, COLUMNS), dtype, transforms=swizzled),
-             plgpu.SMEM((ROWS,), jnp.int32),
              plgpu.SMEM((ROWS,), jnp.float32),
              [plgpu.SMEM((ROWS, block_kv), dtype, transforms=swizzled)] * consumers if interpret else None),
-            (plgpu.Barrier(num_arrivals=consumers, num_barriers=1), plgpu.Barrier(num_barriers=1),
-             plgpu.Barrier(num_barriers=slots)),
+            (plgpu.Barrier(num_arrivals=consumers, num_barriers=1), plgpu.Barrier(num_barriers=slots)),
             (plgpu.Barrier(num_arrivals=consumers, num_barriers=slots),
              plgpu.Barrier(num_arrivals=consumers, num_barriers=1)),
             collective_axes="wg",
@@ -301,19 +317,21 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
         num_threads=consumers + 1, thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0),
         interpret=plgpu.InterpretGPUParams() if interpret else None,
-    )(q_rows, k, v, row_limit, lengths, lowest, highest)
-    if k_splits > 1:  # tiles back into rows: [batch, num_kv_heads, k_splits, padded(, head_dim)]
+    )(q_rows, k, v, lengths, positions)
+    if k_splits == 1:
+        out = out.reshape(batch, num_kv_heads, padded, head_dim)[:, :, :rows]
+        out = out.reshape(batch, num_kv_heads, num_q, group, head_dim).transpose(0, 2, 1, 3, 4)
+    else:  # tiles back into rows, then a log-sum-exp merge of the splits (base 2); rows no split saw get zeros
         out = out.reshape(batch, num_kv_heads, tiles, k_splits, ROWS, head_dim).transpose(0, 1, 3, 2, 4, 5)
-        out = out.reshape(batch, num_kv_heads, k_splits, padded, head_dim)
+        out = out.reshape(batch, num_kv_heads, k_splits, padded, head_dim)[:, :, :, :rows]
         lse = lse.reshape(batch, num_kv_heads, tiles, k_splits, ROWS).transpose(0, 1, 3, 2, 4)
-        lse = lse.reshape(batch, num_kv_heads, k_splits, padded)
-    else:
-        out = out.reshape(batch, num_kv_heads, padded, head_dim)
-    if k_splits > 1:  # log-sum-exp merge of the splits (base 2); rows no split saw get zeros
+        lse = lse.reshape(batch, num_kv_heads, k_splits, padded)[..., :rows]
         top = jnp.max(lse, axis=2, keepdims=True)
         weights = jnp.exp2(lse - jnp.where(jnp.isfinite(top), top, 0.0))
-        total = jnp.maximum(jnp.sum(weights, axis=2), 1e-30)[..., None]
-        out = jnp.einsum("bhsr,bhsrd->bhrd", weights, out.astype(jnp.float32),
-                         precision=lax.Precision.HIGHEST) / total
-    out = out[:, :, :rows].astype(q.dtype).reshape(batch, num_kv_heads, num_q, group, head_dim)
-    return out.transpose(0, 2, 1, 3, 4).reshape(batch, num_q, num_q_heads, head_dim)
+        total = jnp.maximum(jnp.sum(weights, axis=2), 1e-30).reshape(batch, num_kv_heads, num_q, group)
+        weights = weights.reshape(batch, num_kv_heads, k_splits, num_q, group)
+        out = out.reshape(batch, num_kv_heads, k_splits, num_q, group, head_dim).astype(jnp.float32)
+        # Summed straight into [batch, num_q, kv head, group, head_dim]: the output's layout, no transpose after.
+        out = jnp.einsum("bhsqg,bhsqgd->bqhgd", weights, out, precision=lax.Precision.HIGHEST)
+        out = out / total.transpose(0, 2, 1, 3)[..., None]
+    return out.astype(q.dtype).reshape(batch, num_q, num_q_heads, head_dim)
