@@ -59,6 +59,9 @@ def decode_check_cases():
         # Gemma 4 draft / verify shapes: 16-row M blocks at head_dim 256 and 512, windows, k_eq_v
         ("gemma4_31b_full_9rows_k_eq_v_bf16", dict(batch=3, num_q=9, num_q_heads=32, num_kv_heads=4, max_len=3000,
                                                    head_dim=512, dtype="bfloat16", same_kv=True), dict(scale=1.0)),
+        # the wide-head kernel's 72 rows in two tiles at 32-row blocks, lengths cut inside a block
+        ("gemma4_31b_full_9rows_wide_bf16", dict(batch=3, num_q=9, num_q_heads=32, num_kv_heads=4, max_len=3008,
+                                                 head_dim=512, dtype="bfloat16"), dict(scale=1.0)),
         ("gemma4_e4b_full_5rows_bf16", dict(batch=4, num_q=5, num_q_heads=8, num_kv_heads=2, max_len=5000,
                                             head_dim=512, dtype="bfloat16"), dict(scale=1.0)),
         ("gemma4_31b_sliding_9rows_window_bf16", dict(batch=3, num_q=9, num_q_heads=32, num_kv_heads=16, max_len=4000,
