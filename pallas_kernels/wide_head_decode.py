@@ -260,10 +260,10 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
             def write(n):  # a tile's real rows only (rounded up to whole 8-row smem tiles): the merge reads no more
                 plgpu.copy_smem_to_gmem(q_smem[c].at[pl.ds(0, n)], out_tile.at[pl.ds(0, n), pl.ds(c * COLUMNS, COLUMNS)])
 
-            for i, n in enumerate(tile_rows):
-                if tiles == 1:
-                    write(n)
-                else:
+            if tiles == 1:
+                write(tile_rows[0])
+            else:  # the tile index is dynamic, each tile's row count static
+                for i, n in enumerate(tile_rows):
                     pl.when(t == i)(functools.partial(write, n))
             if c == 0 and k_splits > 1:
                 plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, head_tile, split])
