@@ -150,9 +150,9 @@ def use_wide_kernel(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, 
     * 17..32 rows with 64 or more (sequence, KV head) pairs (E4B verifying 4 drafts at batch 32).
 
     Past 64 rows (31B verifying 8 drafts: 72) it runs 64-row M tiles, one program per tile, the
-    tiles of a KV head neighbours so their K/V reads share L2: 1.35-2.25x the reference at batch
-    1 / 8 x 4k / 32k on the H200, where the Triton kernel was slower than the reference
-    (``benchmarks/draft_attention_gemma4_ring_m_tiles_h200.json``). Under ``auto`` these rows
+    tiles of a KV head one cluster so their K/V reads share L2: 2-2.4x the reference at batch
+    1 / 8 / 32 x 4k-128k on the H100, where the Triton kernel was slower than the reference
+    (``benchmarks/draft_attention_gemma4_cluster_merge_h100.json``). Under ``auto`` these rows
     come here through the dispatcher, since :func:`use_pallas` leaves them to the reference.
 
     All of it only from 16k (sequence x KV head x cache row) triples up: below, the Triton kernel's

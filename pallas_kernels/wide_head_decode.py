@@ -8,7 +8,7 @@ registers). This kernel is built the way FlashMLA runs 512-wide heads:
 
 * one CTA per (KV head, M tile, split, sequence); the query rows x GQA group are WGMMA M tiles of
   64 rows, each held in shared memory for the whole call, so K and V are read from HBM once per KV
-  head and M tile (the tiles of one head are neighbouring CTAs, which share the reads in L2);
+  head and M tile (the tiles of one head run as one cluster, which shares the reads in L2);
 * a producer warpgroup streams K and V by TMA in chunks of ``block_kv`` rows x 256 columns (per
   K/V block: K's chunks, then V's) into a ring of ``slots`` chunks. At head_dim 512 a whole K and V
   block (128 KiB) beside q (64 KiB) leaves no room for a second one; five 32 KiB chunks let the next
@@ -20,9 +20,10 @@ registers). This kernel is built the way FlashMLA runs 512-wide heads:
   itself (recomputing them costs tensor-core time, which is idle here, instead of a round trip
   of the probabilities through shared memory), then its share of ``p @ v``;
 * splits of the KV axis write normalised partials (a tile's real rows only) and base-2
-  log-sum-exps, merged by XLA straight into the output's layout (``k_splits == 1`` writes the
-  output directly); the limits are scalar work inside the kernel, not XLA ops around it (each of
-  those is a launch of its own, ~1-2 us: a tenth of a 268 MB call).
+  log-sum-exps, merged in one launch straight into the output's layout
+  (:mod:`pallas_kernels.wide_head_merge`; ``k_splits == 1`` writes the output directly); the
+  limits are scalar work inside the kernel, not XLA ops around it (each of those is a launch of
+  its own, ~1-2 us: a tenth of a 268 MB call).
 
 Masking: row ``r`` sees cache rows ``[0, limit_r)`` with ``limit_r = min(L, p_r + 1)``; only
 blocks past the smallest limit are masked, and rows past ``L`` (which may hold NaN) are zeroed in
@@ -45,6 +46,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels._dispatch import interpret_mode
 from pallas_kernels.split_kv import _MASK_VALUE
+from pallas_kernels.wide_head_merge import merge_splits
 
 ROWS = 64  # WGMMA's M tile: query rows x GQA group, padded
 COLUMNS = 256  # output columns per consumer warpgroup (WGMMA's largest N)
@@ -133,6 +135,9 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
             f"decode_attention_wide needs head_dim a multiple of {COLUMNS} (got {head_dim}), max_len a multiple "
             f"of block_kv (got {max_len}, {block_kv}; block_kv a multiple of 32) and a 16-bit cache (got {k.dtype})")
     interpret = interpret_mode() if interpret is None else interpret
+    # A head's M tiles as one cluster: launched together, they share their K/V reads in L2 (as
+    # neighbouring programs they drift apart at batch 32: 1.2-1.4x slower). The interpreter runs no clusters.
+    cluster_tiles = tiles > 1 and not interpret
     consumers = head_dim // COLUMNS
     n_blocks = max_len // block_kv
     chunks = 2 * consumers  # per K/V block: K's column chunks, then V's
@@ -170,8 +175,13 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     copy_layout = plgpu.Layout.SMEM_GMEM_COPY((block_kv, COLUMNS), dtype, swizzle)
 
     def kernel(q_ref, k_ref, v_ref, length_ref, position_ref, out_ref, lse_ref, scratch):
-        b, head_tile, split, wg = (lax.axis_index(name) for name in ("batch", "heads", "split", "wg"))
-        h, t = head_tile // tiles, lax.rem(head_tile, tiles)
+        b, split, wg = (lax.axis_index(name) for name in ("batch", "split", "wg"))
+        if cluster_tiles:
+            h, t = lax.axis_index("heads"), lax.axis_index("tile")
+            head_tile = h * tiles + t
+        else:
+            head_tile = lax.axis_index("heads")
+            h, t = head_tile // tiles, lax.rem(head_tile, tiles)
         (q_smem, ring, lse_smem, p_smem), (q_ready, ready), (free, done) = scratch
         # Query i sees cache rows [0, limit_i); the tile reads the blocks its queries see (scalar work,
         # here rather than in XLA ops around the call: each of those is a launch).
@@ -312,8 +322,10 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     else:
         out_type = [jax.ShapeDtypeStruct((batch, num_kv_heads * tiles, k_splits, ROWS, head_dim), dtype),
                     jax.ShapeDtypeStruct((batch, num_kv_heads * tiles, k_splits, ROWS), jnp.float32)]
+    clusters = dict(cluster=(tiles,), cluster_names=("tile",)) if cluster_tiles else {}
     out, lse = plgpu.kernel(
-        entry, out_type=out_type, grid=(num_kv_heads * tiles, k_splits, batch), grid_names=("heads", "split", "batch"),
+        entry, out_type=out_type, grid=(num_kv_heads * (1 if cluster_tiles else tiles), k_splits, batch),
+        grid_names=("heads", "split", "batch"), **clusters,
         num_threads=consumers + 1, thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0),
         interpret=plgpu.InterpretGPUParams() if interpret else None,
@@ -321,17 +333,6 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     if k_splits == 1:
         out = out.reshape(batch, num_kv_heads, padded, head_dim)[:, :, :rows]
         out = out.reshape(batch, num_kv_heads, num_q, group, head_dim).transpose(0, 2, 1, 3, 4)
-    else:  # tiles back into rows, then a log-sum-exp merge of the splits (base 2); rows no split saw get zeros
-        out = out.reshape(batch, num_kv_heads, tiles, k_splits, ROWS, head_dim).transpose(0, 1, 3, 2, 4, 5)
-        out = out.reshape(batch, num_kv_heads, k_splits, padded, head_dim)[:, :, :, :rows]
-        lse = lse.reshape(batch, num_kv_heads, tiles, k_splits, ROWS).transpose(0, 1, 3, 2, 4)
-        lse = lse.reshape(batch, num_kv_heads, k_splits, padded)[..., :rows]
-        top = jnp.max(lse, axis=2, keepdims=True)
-        weights = jnp.exp2(lse - jnp.where(jnp.isfinite(top), top, 0.0))
-        total = jnp.maximum(jnp.sum(weights, axis=2), 1e-30).reshape(batch, num_kv_heads, num_q, group)
-        weights = weights.reshape(batch, num_kv_heads, k_splits, num_q, group)
-        out = out.reshape(batch, num_kv_heads, k_splits, num_q, group, head_dim).astype(jnp.float32)
-        # Summed straight into [batch, num_q, kv head, group, head_dim]: the output's layout, no transpose after.
-        out = jnp.einsum("bhsqg,bhsqgd->bqhgd", weights, out, precision=lax.Precision.HIGHEST)
-        out = out / total.transpose(0, 2, 1, 3)[..., None]
-    return out.astype(q.dtype).reshape(batch, num_q, num_q_heads, head_dim)
+        return out.astype(q.dtype).reshape(batch, num_q, num_q_heads, head_dim)
+    return merge_splits(out, lse, num_q=num_q, num_kv_heads=num_kv_heads, group=group, dtype=q.dtype,
+                        interpret=interpret)

@@ -11,6 +11,7 @@ import pytest
 from pallas_kernels.decode_attention import decode_attention_reference
 from pallas_kernels.wide_head_decode import (decode_attention_wide, default_block_kv, default_slots, default_splits,
                                              supports)
+from pallas_kernels.wide_head_merge import merge_splits, merge_splits_reference
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu" and jax.__version_info__ < (0, 12),
                                 reason="the Mosaic GPU interpreter needs jax >= 0.12")
@@ -110,3 +111,40 @@ def test_default_ring_fits_shared_memory_when_lowered_for_cuda(num_q, num_q_head
                                                               interpret=False),
                           q, cache, cache, lengths)
     assert "mosaic_gpu" in text
+
+
+@pytest.mark.parametrize("batch, num_kv_heads, tiles, k_splits, num_q, group", [
+    (2, 2, 1, 3, 5, 8),  # 40 rows of one tile, a split count short of a power of two
+    (1, 4, 2, 2, 9, 8),  # 72 rows: the second tile's queries
+    (3, 1, 1, 5, 2, 4),
+])
+def test_the_one_launch_merge_matches_its_reference(batch, num_kv_heads, tiles, k_splits, num_q, group):
+    """Splits that saw nothing of a row (lse -inf) weigh nothing; a row no split saw comes out zero."""
+    keys = jax.random.split(jax.random.key(k_splits), 2)
+    shape = (batch, num_kv_heads * tiles, k_splits, 64)
+    partials = jax.random.normal(keys[0], (*shape, 512), jnp.bfloat16)
+    lse = 8 * jax.random.normal(keys[1], shape, jnp.float32)
+    lse = lse.at[:, :, 0, :group].set(-jnp.inf).at[0, 0, :, group:2 * group].set(-jnp.inf)
+    kw = dict(num_q=num_q, num_kv_heads=num_kv_heads, group=group, dtype=jnp.bfloat16)
+    got = np.asarray(merge_splits(partials, lse, interpret=True, **kw), np.float32)
+    want = np.asarray(merge_splits_reference(partials, lse, **kw), np.float32)
+    assert got.shape == (batch, num_q, num_kv_heads * group, 512)
+    np.testing.assert_allclose(got, want, atol=1e-2, rtol=1e-2)
+    np.testing.assert_array_equal(got[0, 1, :group], 0.0)
+
+
+def test_the_merge_names_partials_of_the_wrong_shape():
+    with pytest.raises(ValueError, match="partials"):
+        merge_splits(jnp.zeros((1, 2, 3, 32, 512)), jnp.zeros((1, 2, 3, 32)), num_q=1, num_kv_heads=2, group=8,
+                     dtype=jnp.bfloat16)
+
+
+def test_the_one_launch_merge_lowers_for_cuda():
+    from tests._lowering import lower_for_cuda, triton_kernel_count
+
+    q = jnp.zeros((1, 5, 32, 512), jnp.bfloat16)
+    cache = jnp.zeros((1, 4, 32768, 512), jnp.bfloat16)
+    text = lower_for_cuda(lambda *args: decode_attention_wide(*args, q_positions=32760 + jnp.arange(5)[None],
+                                                              interpret=False),
+                          q, cache, cache, jnp.array([32765]))
+    assert triton_kernel_count(text) == 1
