@@ -415,3 +415,24 @@ def test_tokamax_peers_get_their_own_layout_and_the_lengths(monkeypatch):
     for name in peers.MATMUL:
         np.testing.assert_allclose(np.asarray(peers.matmul(name)(x, w)), np.asarray(x @ w), rtol=1e-5, atol=1e-5)
     assert calls == ["mosaic", "triton", "triton", "mosaic"]
+
+
+def test_a_tokamax_matmul_this_installation_lacks_is_not_offered(monkeypatch):
+    """tokamax registers its Triton matmul only where ``jax_triton`` imports; asked for it otherwise
+    it raises ValueError("Unknown implementation"): the benchmark leaves that peer out."""
+    from types import SimpleNamespace
+
+    from jspec.bench import peers
+
+    def ragged_dot(lhs, rhs, group_sizes, *, implementation):
+        if implementation == "triton":
+            raise ValueError(f"Unknown implementation: {implementation}")
+        return jax.lax.ragged_dot(lhs, rhs, group_sizes)
+
+    monkeypatch.setattr(peers, "tokamax", lambda: SimpleNamespace(ragged_dot=ragged_dot))
+    peers._matmul_runs.cache_clear()
+    try:
+        assert peers.available(peers.MATMUL) == ["tokamax_mosaic"]
+        assert peers.available(peers.ATTENTION) == list(peers.ATTENTION)
+    finally:
+        peers._matmul_runs.cache_clear()

@@ -31,8 +31,24 @@ def tokamax():
 
 
 def available(names) -> list[str]:
-    """``names`` if tokamax can run its kernels here, else []."""
-    return list(names) if tokamax() is not None else []
+    """Those of ``names`` (:data:`ATTENTION` or :data:`MATMUL`) that tokamax runs here: none without
+    tokamax or a GPU. tokamax registers a matmul implementation only where its own imports succeed
+    (the Triton one needs ``jax_triton``), which a tiny first call tells."""
+    if tokamax() is None:
+        return []
+    return [name for name in names if _matmul_runs(name)] if tuple(names) == MATMUL else list(names)
+
+
+@functools.cache
+def _matmul_runs(name: str) -> bool:
+    import jax
+    import jax.numpy as jnp
+
+    try:
+        jax.block_until_ready(matmul(name)(jnp.ones((8, 128), jnp.bfloat16), jnp.ones((128, 128), jnp.bfloat16)))
+    except ValueError:  # "Unknown implementation": not registered in this installation
+        return False
+    return True
 
 
 def version() -> str | None:
