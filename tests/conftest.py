@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import gc
+import os
+import shutil
+import tempfile
 
 import jax
 import pytest
@@ -10,6 +13,26 @@ import pytest
 from tests import hf_oracle
 
 jax.config.update("jax_platforms", "cpu")
+
+
+def pytest_configure(config):
+    """One persistent compilation cache per test run, shared by the xdist workers and the CLI
+    subprocesses the tests start (they inherit the environment): a program that several modules,
+    workers or scripts compile is compiled once. Fresh per run, so every run still compiles
+    everything it needs at least once."""
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the controller (workers inherit it)
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jspec-tests-xla-")
+        config._jspec_compilation_cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                      float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+
+
+def pytest_unconfigure(config):
+    cache = getattr(config, "_jspec_compilation_cache", None)
+    if cache:
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True, scope="module")
