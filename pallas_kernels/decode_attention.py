@@ -155,11 +155,13 @@ def use_wide_kernel(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, 
     (``benchmarks/draft_attention_gemma4_cluster_merge_h100.json``). Under ``auto`` these rows
     come here through the dispatcher, since :func:`use_pallas` leaves them to the reference.
 
-    All of it only from 16k (sequence x KV head x cache row) triples up: below, the Triton kernel's
-    lighter start wins by a few microseconds. With at most 16 rows the Triton kernel is faster."""
+    All of it only from 8k (sequence x KV head x cache row) triples up: below, the Triton kernel's
+    lighter start wins by a few microseconds; at 8k (E4B verifying 8 drafts at batch 1 x 4k) this
+    kernel takes 19.6-20.1 us against Triton's 24.9 (``draft_attention_gemma4_share_scores_h100.json``).
+    With at most 16 rows the Triton kernel is faster."""
     rows = num_q * (num_q_heads // num_kv_heads)
     busy = rows > 32 or (rows > 16 and batch * num_kv_heads >= 64)
-    return (head_dim == 512 and busy and batch * num_kv_heads * max_len >= 16384 and tail_mask is None
+    return (head_dim == 512 and busy and batch * num_kv_heads * max_len >= 8192 and tail_mask is None
             and window is None and wide_kernel_supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype))
 
 

@@ -16,9 +16,11 @@ registers). This kernel is built the way FlashMLA runs 512-wide heads:
   keeps in flight, so a fuller M tile takes 32-row blocks (a ring of eight 16 KiB chunks, which free
   sooner: :func:`default_block_kv`);
 * ``head_dim // 256`` consumer warpgroups each own 256 output columns (a 64 x 256 fp32
-  accumulator, WGMMA's widest N): each computes the scores ``q @ k.T`` over the whole head_dim
-  itself (recomputing them costs tensor-core time, which is idle here, instead of a round trip
-  of the probabilities through shared memory), then its share of ``p @ v``;
+  accumulator, WGMMA's widest N) and compute their share of ``p @ v``. The scores ``q @ k.T`` at
+  32-row blocks (full M tiles) are split the same way: each consumer multiplies its 256 columns
+  and the partial scores are added through shared memory, halving the tensor-core work that bounds
+  a full tile (4-8% faster at 72 rows); at 64-row blocks (light tiles) each consumer computes the
+  scores over the whole head_dim itself, which costs idle tensor-core time instead of a round trip;
 * splits of the KV axis write normalised partials (a tile's real rows only) and base-2
   log-sum-exps, merged in one launch straight into the output's layout
   (:mod:`pallas_kernels.wide_head_merge`; ``k_splits == 1`` writes the output directly); the
@@ -72,6 +74,18 @@ def default_slots(block_kv, most) -> int:
     return most if block_kv >= 64 else min(most, 8)
 
 
+def default_share_scores(block_kv, consumers) -> bool:
+    """Whether the consumers split the scores ``q @ k.T`` by head_dim columns and add their partial
+    scores through shared memory, instead of each computing them over the whole head_dim.
+
+    Sharing halves the scores' tensor-core work at head_dim 512 for a round trip of ``64 x block_kv``
+    fp32 per block: a full M tile is bound by that work (H100, 31B full layers, 9 query rows: 125 vs
+    130 us at 268 MB read, 807 vs 872 us at 2 GB; ties at 5 rows;
+    ``benchmarks/draft_attention_gemma4_share_scores_h100.json``). Its double-buffered exchange fits
+    beside the ring at 32-row blocks only."""
+    return consumers > 1 and block_kv == 32
+
+
 def supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, *, block_kv=None) -> bool:
     """Whether these shapes fit the kernel (the dispatcher's test; the kernel raises otherwise)."""
     block_kv = block_kv or default_block_kv(num_q, num_q_heads, num_kv_heads)
@@ -111,7 +125,7 @@ def _accumulate(acc, a, b, a_smem):
 
 
 def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block_kv=None, slots=None,
-                          k_splits=None, interpret=None):
+                          k_splits=None, share_scores=None, interpret=None):
     """``q [batch, num_q, num_q_heads, head_dim]``, ``k, v [batch, num_kv_heads, max_len, head_dim]``,
     ``kv_lengths [batch]``, ``q_positions [batch, num_q]`` -> ``[batch, num_q, num_q_heads, head_dim]``.
 
@@ -119,7 +133,7 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     16-bit cache; num_q x GQA group rows run in M tiles of 64. ``block_kv``: see
     :func:`default_block_kv`; ``slots``: K/V chunks in the ring (at least one block's, at most what
     227 KiB of shared memory hold beside q; default :func:`default_slots`); ``k_splits``: see
-    :func:`default_splits`.
+    :func:`default_splits`; ``share_scores``: see :func:`default_share_scores`.
     """
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -143,7 +157,9 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     chunks = 2 * consumers  # per K/V block: K's column chunks, then V's
     # q (then the output), then limits and lse (1 KiB-aligned allocations), barriers. Row reductions stay
     # inside a warp in the WGMMA layout, so no cross-warp reduction scratch is reserved.
-    free_bytes = SMEM_BYTES - ROWS * head_dim * k.dtype.itemsize - 2 * 1024 - 256
+    share_scores = default_share_scores(block_kv, consumers) if share_scores is None else share_scores
+    exchange_bytes = 2 * consumers * ROWS * block_kv * 4 if share_scores else 0  # two blocks' partial scores
+    free_bytes = SMEM_BYTES - ROWS * head_dim * k.dtype.itemsize - 2 * 1024 - 256 - exchange_bytes
     most = free_bytes // (block_kv * COLUMNS * k.dtype.itemsize)
     slots = default_slots(block_kv, most) if slots is None else slots
     if not chunks <= slots <= most:
@@ -160,10 +176,19 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     # Query rows x GQA group -> M tiles per (sequence, KV head): row r = query r // group.
     padded = tiles * ROWS
     tile_rows = [min(ROWS, pl.cdiv(rows - i * ROWS, 8) * 8) for i in range(tiles)]
-    q_rows = q.astype(dtype).reshape(batch, num_q, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
-    q_rows = jnp.pad(q_rows.reshape(batch, num_kv_heads, rows, head_dim), ((0, 0), (0, 0), (0, padded - rows), (0, 0)))
-    # Whole tiles as leading indices (the kernel's dynamic indices stay on leading axes, as for heads).
-    q_rows = q_rows.reshape(batch, num_kv_heads * tiles, ROWS, head_dim)
+    # A group of whole 8-row smem tiles is copied straight from q, one query's group per copy (an XLA
+    # transpose + pad before the call costs a launch, 2-4 us); rows past the last query are left as
+    # they are: rows never mix in WGMMA or the row reductions, and only real rows are written out.
+    queries_per_tile = ROWS // group if group % 8 == 0 else 0
+    copies_per_chunk = min(queries_per_tile, num_q) if queries_per_tile else 1
+    if queries_per_tile:
+        q_rows = q.astype(dtype).reshape(batch, num_q, num_kv_heads, group, head_dim)
+    else:
+        q_rows = q.astype(dtype).reshape(batch, num_q, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
+        q_rows = jnp.pad(q_rows.reshape(batch, num_kv_heads, rows, head_dim),
+                         ((0, 0), (0, 0), (0, padded - rows), (0, 0)))
+        # Whole tiles as leading indices (the kernel's dynamic indices stay on leading axes, as for heads).
+        q_rows = q_rows.reshape(batch, num_kv_heads * tiles, ROWS, head_dim)
     lengths, positions = kv_lengths.astype(jnp.int32), q_positions.astype(jnp.int32)
 
     # WGMMA's K groups are one swizzle wide and both operands share it: the product with V sums over
@@ -182,7 +207,7 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
         else:
             head_tile = lax.axis_index("heads")
             h, t = head_tile // tiles, lax.rem(head_tile, tiles)
-        (q_smem, ring, lse_smem, p_smem), (q_ready, ready), (free, done) = scratch
+        (q_smem, ring, lse_smem, p_smem, score_smem), (q_ready, ready), (free, done, shared) = scratch
         # Query i sees cache rows [0, limit_i); the tile reads the blocks its queries see (scalar work,
         # here rather than in XLA ops around the call: each of those is a launch).
         length = jnp.clip(length_ref[b], 0, max_len)
@@ -218,15 +243,29 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
                 start = block * block_kv
                 for j in range(consumers):
                     plgpu.barrier_wait(ready.at[slot[j]])
+                    if share_scores and j != c:
+                        plgpu.barrier_arrive(free.at[slot[j]])
+                own = [c] if share_scores else range(consumers)
 
                 def scores(acc_ref):
-                    for j in range(consumers):
+                    for j in own:
                         plgpu.wgmma(acc_ref, q_smem[j], ring.at[slot[j]].transpose((1, 0)))
                     return acc_ref[...]
 
-                s = pl.run_scoped(scores, plgpu.ACC((ROWS, block_kv), jnp.float32)) * logit_scale
-                for j in range(consumers):
+                s = pl.run_scoped(scores, plgpu.ACC((ROWS, block_kv), jnp.float32))
+                for j in own:
                     plgpu.barrier_arrive(free.at[slot[j]])
+                if share_scores:  # the consumers' partial scores, added in one order by all: the same s everywhere
+                    half = lax.rem(block - first, 2)
+                    exchange = score_smem.at[half]
+                    exchange.at[c][...] = s
+                    plgpu.commit_smem()
+                    plgpu.barrier_arrive(shared.at[half])
+                    plgpu.barrier_wait(shared.at[half])
+                    parts = [s if j == c else plgpu.load(exchange.at[j], layout=wgmma_layout)
+                             for j in range(consumers)]
+                    s = functools.reduce(jnp.add, parts)
+                s = s * logit_scale
 
                 def mask(s):  # -inf, not _MASK_VALUE: a row that sees nothing here keeps p = 0
                     cols = start + plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=wgmma_layout)
@@ -288,7 +327,12 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
 
             for j in range(consumers):
                 columns = pl.ds(j * COLUMNS, COLUMNS)
-                plgpu.copy_gmem_to_smem(q_ref.at[b, head_tile, :, columns], q_smem[j], q_ready.at[0])
+                if not queries_per_tile:
+                    plgpu.copy_gmem_to_smem(q_ref.at[b, head_tile, :, columns], q_smem[j], q_ready.at[0])
+                for slot_ in range(copies_per_chunk if queries_per_tile else 0):
+                    query = jnp.minimum(t * queries_per_tile + slot_, num_q - 1)
+                    plgpu.copy_gmem_to_smem(q_ref.at[b, query, h, :, columns],
+                                            q_smem[j].at[pl.ds(slot_ * group, group)], q_ready.at[0])
 
             @pl.loop(first, end)
             def _stream(block):
@@ -309,10 +353,13 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
             ([plgpu.SMEM((ROWS, COLUMNS), dtype, transforms=swizzled)] * consumers,
              plgpu.SMEM((slots, block_kv, COLUMNS), dtype, transforms=swizzled),
              plgpu.SMEM((ROWS,), jnp.float32),
-             [plgpu.SMEM((ROWS, block_kv), dtype, transforms=swizzled)] * consumers if interpret else None),
-            (plgpu.Barrier(num_arrivals=consumers, num_barriers=1), plgpu.Barrier(num_barriers=slots)),
+             [plgpu.SMEM((ROWS, block_kv), dtype, transforms=swizzled)] * consumers if interpret else None,
+             plgpu.SMEM((2, consumers, ROWS, block_kv), jnp.float32) if share_scores else None),
+            (plgpu.Barrier(num_arrivals=consumers * copies_per_chunk, num_barriers=1),
+             plgpu.Barrier(num_barriers=slots)),
             (plgpu.Barrier(num_arrivals=consumers, num_barriers=slots),
-             plgpu.Barrier(num_arrivals=consumers, num_barriers=1)),
+             plgpu.Barrier(num_arrivals=consumers, num_barriers=1),
+             plgpu.Barrier(num_arrivals=consumers, num_barriers=2) if share_scores else None),
             collective_axes="wg",
         )
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from pallas_kernels.decode_attention import decode_attention_reference
-from pallas_kernels.wide_head_decode import (decode_attention_wide, default_block_kv, default_slots, default_splits,
-                                             supports)
+from pallas_kernels.wide_head_decode import (decode_attention_wide, default_block_kv, default_share_scores,
+                                             default_slots, default_splits, supports)
 from pallas_kernels.wide_head_merge import merge_splits, merge_splits_reference
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu" and jax.__version_info__ < (0, 12),
@@ -42,6 +42,9 @@ CASES = [  # (name, shapes, kernel kwargs)
     # 32-row K/V blocks (a deeper ring at the same bytes); the last block of each length cut inside a block.
     ("thirty_two_row_blocks", dict(batch=2, num_q=5, num_q_heads=16, num_kv_heads=2, max_len=320, head_dim=512,
                                    lengths=[301, 45]), dict(block_kv=32, k_splits=3)),
+    # The same rows with each consumer computing the scores over the whole head_dim (no exchange).
+    ("scores_not_shared", dict(batch=2, num_q=9, num_q_heads=16, num_kv_heads=2, max_len=256, head_dim=512,
+                               lengths=[250, 40]), dict(k_splits=2, block_kv=32, share_scores=False)),
     # Frozen-KV drafting: every query at one position before the cache's end; a padding query (-1) sees nothing.
     ("drafts_at_one_position", dict(batch=2, num_q=3, num_q_heads=4, num_kv_heads=1, max_len=256, head_dim=256,
                                     lengths=[200, 64], positions=[[150, 150, -1], [63, 63, 63]]), dict(k_splits=4)),
@@ -77,12 +80,16 @@ def test_shapes_it_cannot_run_are_refused():
         decode_attention_wide(q, k[:, :, :100], v[:, :, :100], lengths, q_positions=positions)
     with pytest.raises(ValueError, match="shared memory"):
         decode_attention_wide(q[:, :1], k, v, lengths, q_positions=positions[:, :1], slots=1)
+    with pytest.raises(ValueError, match="shared memory"):  # 64-row blocks leave no room for the exchange
+        decode_attention_wide(*_case(0, batch=1, num_q=1, num_q_heads=8, num_kv_heads=1, max_len=128, head_dim=512,
+                                     lengths=[128])[:4], q_positions=positions[:, :1], block_kv=64, share_scores=True)
 
 
 def test_a_fuller_m_tile_takes_32_row_blocks_in_a_ring_of_eight():
     assert default_block_kv(5, 32, 4) == 32 and default_block_kv(9, 32, 4) == 32  # 40, 72 rows
     assert default_block_kv(5, 8, 2) == 64 and default_block_kv(9, 8, 2) == 32  # E4B: 20, 36 rows
     assert default_slots(32, 10) == 8 and default_slots(64, 5) == 5
+    assert default_share_scores(32, 2) and not default_share_scores(64, 2) and not default_share_scores(32, 1)
 
 
 def test_default_splits_aim_at_one_cta_per_sm():
