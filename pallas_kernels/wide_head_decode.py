@@ -80,9 +80,10 @@ def default_share_scores(block_kv, consumers) -> bool:
 
     Sharing halves the scores' tensor-core work at head_dim 512 for a round trip of ``64 x block_kv``
     fp32 per block: a full M tile is bound by that work (H100, 31B full layers, 9 query rows: 125 vs
-    130 us at 268 MB read, 807 vs 872 us at 2 GB; ties at 5 rows;
-    ``benchmarks/draft_attention_gemma4_share_scores_h100.json``). Its double-buffered exchange fits
-    beside the ring at 32-row blocks only."""
+    130 us at 268 MB read, 807 vs 872 us at 2 GB, 3285 vs 3416 at batch 32 x 32k, but 14.8 vs 14.2 ms
+    at batch 32 x 128k; ties at 5 rows; ``benchmarks/draft_attention_gemma4_share_scores_h100.json``,
+    ``draft_attention_gemma4_old_vs_new_h100.json``). Its double-buffered exchange fits beside the
+    ring at 32-row blocks only."""
     return consumers > 1 and block_kv == 32
 
 
