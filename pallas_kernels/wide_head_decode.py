@@ -243,10 +243,11 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
                 acc, m, l = carry
                 slot = [lax.rem((block - first) * chunks + j, slots) for j in range(chunks)]  # K chunks, V chunks
                 start = block * block_kv
-                for j in range(consumers):
-                    plgpu.barrier_wait(ready.at[slot[j]])
-                    if share_scores and j != c:
-                        plgpu.barrier_arrive(free.at[slot[j]])
+                with jax.named_scope("wait_k"):
+                    for j in range(consumers):
+                        plgpu.barrier_wait(ready.at[slot[j]])
+                        if share_scores and j != c:
+                            plgpu.barrier_arrive(free.at[slot[j]])
                 own = [c] if share_scores else range(consumers)
 
                 def scores(acc_ref):
@@ -254,19 +255,21 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
                         plgpu.wgmma(acc_ref, q_smem[j], ring.at[slot[j]].transpose((1, 0)))
                     return acc_ref[...]
 
-                s = pl.run_scoped(scores, plgpu.ACC((ROWS, block_kv), jnp.float32))
+                with jax.named_scope("scores"):
+                    s = pl.run_scoped(scores, plgpu.ACC((ROWS, block_kv), jnp.float32))
                 for j in own:
                     plgpu.barrier_arrive(free.at[slot[j]])
                 if share_scores:  # the consumers' partial scores, added in one order by all: the same s everywhere
-                    half = lax.rem(block - first, 2)
-                    exchange = score_smem.at[half]
-                    exchange.at[c][...] = s
-                    plgpu.commit_smem()
-                    plgpu.barrier_arrive(shared.at[half])
-                    plgpu.barrier_wait(shared.at[half])
-                    parts = [s if j == c else plgpu.load(exchange.at[j], layout=wgmma_layout)
-                             for j in range(consumers)]
-                    s = functools.reduce(jnp.add, parts)
+                    with jax.named_scope("exchange"):
+                        half = lax.rem(block - first, 2)
+                        exchange = score_smem.at[half]
+                        exchange.at[c][...] = s
+                        plgpu.commit_smem()
+                        plgpu.barrier_arrive(shared.at[half])
+                        plgpu.barrier_wait(shared.at[half])
+                        parts = [s if j == c else plgpu.load(exchange.at[j], layout=wgmma_layout)
+                                 for j in range(consumers)]
+                        s = functools.reduce(jnp.add, parts)
                 s = s * logit_scale
 
                 def mask(s):  # -inf, not _MASK_VALUE: a row that sees nothing here keeps p = 0
@@ -274,16 +277,18 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
                     limit = row_limit if num_q == 1 else lax.broadcast_in_dim(row_limit, s.shape, [0])
                     return jnp.where(cols < limit, s, -jnp.inf)
 
-                s = lax.cond(start + block_kv > lowest, mask, lambda s: s, s)
-                m_new = jnp.maximum(m, s.max(axis=1))
-                alpha = jnp.exp2(m - m_new)
-                p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
-                l = l * alpha + p.sum(axis=1)
-                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-                for j in range(consumers):  # every consumer passes every chunk's barriers, in order
-                    plgpu.barrier_wait(ready.at[slot[consumers + j]])
-                    if j != c:
-                        plgpu.barrier_arrive(free.at[slot[consumers + j]])
+                with jax.named_scope("softmax"):
+                    s = lax.cond(start + block_kv > lowest, mask, lambda s: s, s)
+                    m_new = jnp.maximum(m, s.max(axis=1))
+                    alpha = jnp.exp2(m - m_new)
+                    p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+                    l = l * alpha + p.sum(axis=1)
+                    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+                with jax.named_scope("wait_v"):
+                    for j in range(consumers):  # every consumer passes every chunk's barriers, in order
+                        plgpu.barrier_wait(ready.at[slot[consumers + j]])
+                        if j != c:
+                            plgpu.barrier_arrive(free.at[slot[consumers + j]])
                 v_tile = ring.at[slot[consumers + c]]
 
                 @pl.when(start + block_kv > length)
@@ -293,7 +298,8 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
                     v_tile[...] = jnp.where(start + r < length, tile, jnp.zeros_like(tile))
                     plgpu.commit_smem()
 
-                acc = _accumulate(acc, p.astype(dtype), v_tile, None if p_smem is None else p_smem[c])
+                with jax.named_scope("pv"):
+                    acc = _accumulate(acc, p.astype(dtype), v_tile, None if p_smem is None else p_smem[c])
                 plgpu.barrier_arrive(free.at[slot[consumers + c]])
                 return acc, m_new, l
 

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from jspec.bench.kernel_check import decode_attention_inputs
 from jspec.bench.timing import interleaved_gpu_times
+from pallas_kernels.decode_attention import decode_attention_reference
 from pallas_kernels.wide_head_decode import decode_attention_wide
 
 CELLS = [(32, 131072, 9), (1, 32768, 9), (32, 32768, 9), (1, 32768, 5)]  # batch, context, rows
@@ -42,8 +43,15 @@ def main():
                  "new2": timed(decode_attention_wide), "old2": timed(old_wide.decode_attention_wide),
                  "new_no_share": timed(decode_attention_wide, share_scores=False)}
         times = interleaved_gpu_times(calls, repeats=5 if batch * context > 1 << 22 else 9)
-        result[f"b{batch}x{context}_q{num_q}"] = {name: round(statistics.median(t) * 1e6, 1)
-                                                  for name, t in times.items()}
+        cell = result[f"b{batch}x{context}_q{num_q}"] = {name: round(statistics.median(t) * 1e6, 1)
+                                                         for name, t in times.items()}
+        if batch * context <= 1 << 20:  # the reference's fp32 intermediates fit
+            q, k, v, lengths, positions = inputs
+            want = decode_attention_reference(q, k, v, lengths, q_positions=positions, scale=1.0).astype(jnp.float32)
+            for name in ("new", "old"):
+                got = calls[name]().astype(jnp.float32)
+                cell[f"{name}_max_abs_err"] = float(jnp.max(jnp.abs(got - want)))
+                cell[f"{name}_finite"] = bool(jnp.isfinite(got).all())
         print(result, flush=True)
         del inputs
     with open(os.path.join(os.environ.get("OUT", "/tmp"), "old_vs_new.json"), "w") as f:
