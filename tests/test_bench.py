@@ -71,7 +71,7 @@ def test_decode_tiny(tmp_path):
     assert all(r["roofline_fraction"] > 0 and r["weight_bytes"] > 0 for r in rows)
     (tree,) = rows[0]["verify_trees"]  # a tree verify of 3 nodes beside a chain of depth 2
     assert (tree["nodes"], tree["depth"]) == (3, 2) and tree["tree_verify_ms"] > 0 and tree["chain_verify_ms"] > 0
-    assert {"1_token", "64_tokens"} <= set(rows[0]["timings"]) and result["copy_bandwidth"]["bytes_per_s"] > 0
+    assert {"1_token", "256_tokens"} <= set(rows[0]["timings"]) and result["copy_bandwidth"]["bytes_per_s"] > 0
     assert out.with_suffix(".png").exists()
 
 
