@@ -8,7 +8,9 @@ registers). This kernel is built the way FlashMLA runs 512-wide heads:
 
 * one CTA per (KV head, M tile, split, sequence); the query rows x GQA group are WGMMA M tiles of
   64 rows, each held in shared memory for the whole call, so K and V are read from HBM once per KV
-  head and M tile (the tiles of one head run as one cluster, which shares the reads in L2);
+  head and M tile (the tiles of one head run as one cluster, which shares the reads in L2). A GQA
+  group of whole 8-row tiles (31B: 8) is copied from q's own layout, one TMA copy per query; a
+  smaller one (E4B: 4) is transposed and padded by XLA first (a launch of its own, 2-4 us);
 * a producer warpgroup streams K and V by TMA in chunks of ``block_kv`` rows x 256 columns (per
   K/V block: K's chunks, then V's) into a ring of ``slots`` chunks. At head_dim 512 a whole K and V
   block (128 KiB) beside q (64 KiB) leaves no room for a second one; five 32 KiB chunks let the next
@@ -31,6 +33,10 @@ Masking: row ``r`` sees cache rows ``[0, limit_r)`` with ``limit_r = min(L, p_r 
 blocks past the smallest limit are masked, and rows past ``L`` (which may hold NaN) are zeroed in
 V's shared-memory tile before the product (``0 * NaN`` is NaN). Cache rows go unread past the
 largest limit.
+
+The consumer's steps are named regions (``wait_q``, ``blocks``: ``wait_k``, ``scores``, ``exchange``,
+``softmax``, ``wait_v``, ``pv``; ``write_out``; the producer's ``stream``), which the Mosaic GPU
+profiler times per warpgroup (``benchmarks/probes/wide_head_timeline.py``).
 
 Needs an H100-class GPU; on a machine without one it runs in the Mosaic GPU interpreter
 (``plgpu.InterpretGPUParams``, jax >= 0.12), which is how the CPU tests exercise it.
