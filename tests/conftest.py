@@ -47,13 +47,13 @@ def _free_compiled_programs():
 
 @pytest.fixture(scope="session")
 def hf_models(tmp_path_factory):
-    """Directory with tiny random HF checkpoints + reference outputs (see tests/hf_reference.py)."""
+    """Directory with tiny random HF checkpoints + reference outputs (see tests/hf_reference/common.py)."""
     return hf_oracle.make("models", tmp_path_factory.mktemp("hf_models"))
 
 
 @pytest.fixture(scope="session")
 def hf_gemma4(tmp_path_factory):
-    """Tiny random Gemma 4 HF checkpoints + reference outputs (tests/hf_reference.py cmd_gemma4)."""
+    """Tiny random Gemma 4 HF checkpoints + reference outputs (tests/hf_reference/gemma4.py, cmd_gemma4)."""
     return hf_oracle.make("gemma4", tmp_path_factory.mktemp("hf_gemma4"))
 
 

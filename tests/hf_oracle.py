@@ -1,4 +1,4 @@
-"""Calls the HF reference environment (``tests/hf_reference.py``) as a subprocess.
+"""Calls the HF reference environment (``tests/hf_reference``, a folder Python runs) as a subprocess.
 
 The reference environment is a separate Python 3.11 venv with torch + transformers
 (``.venv-ref`` at the repo root, made by ``scripts/setup.sh``; override with
@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "tests" / "hf_reference.py"
+SCRIPT = ROOT / "tests" / "hf_reference"
 
 
 def reference_python() -> Path:
@@ -29,7 +29,7 @@ def reference_python() -> Path:
 def run(*args: str) -> None:
     proc = subprocess.run([str(reference_python()), str(SCRIPT), *args], capture_output=True, text=True)
     if proc.returncode:
-        raise RuntimeError(f"hf_reference.py {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"tests/hf_reference {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
 
 
 def make(kind: str, out_dir: Path) -> Path:
@@ -37,6 +37,6 @@ def make(kind: str, out_dir: Path) -> Path:
     (Llama 3 / Qwen2 / Qwen3), ``eagle3`` (heads + their Llama target under ``target/``), ``mtp``
     (targets carrying one MTP layer), ``gemma4`` (incl. the multimodal layout), ``gemma4-assistant``
     (Gemma 4 assistants, their targets and draft rounds) or ``gguf`` (tiny GGUF files read back by
-    transformers' GGUF loader); the cases are listed in tests/hf_reference.py."""
+    transformers' GGUF loader); the cases are listed in tests/hf_reference/."""
     run(kind, str(out_dir))
     return out_dir

@@ -90,7 +90,7 @@ def check_catch_up(target, drafter, *, k=3, num_accepted=(0, 2, 3), seed=0):
 
 def check_parity(target, drafter, ref_dir: Path, *, atol=2e-4):
     """Teacher-forced rows, the state after prefill, and the chained greedy drafts against
-    the torch reference (tests/hf_reference.py)."""
+    the torch reference (tests/hf_reference/drafters.py)."""
     drafter = drafter.bind(target)
     meta = json.loads((ref_dir.parent / "prompts.json").read_text())
     prompts, steps = meta["prompts"], meta["steps"]

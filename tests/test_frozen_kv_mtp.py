@@ -31,7 +31,7 @@ CASES = ["assistant-tied", "assistant-centroid"]
 @pytest.fixture(scope="module")
 def assistant_dir(tmp_path_factory):
     """Targets with KV sharing + assistants made by transformers, and their draft rounds
-    (tests/hf_reference.py cmd_gemma4_assistant)."""
+    (tests/hf_reference/gemma4.py, cmd_gemma4_assistant)."""
     return hf_oracle.make("gemma4-assistant", tmp_path_factory.mktemp("gemma4_assistant"))
 
 

@@ -25,7 +25,7 @@ CASES = ["gguf-llama", "gguf-qwen2", "gguf-qwen3"]
 
 @pytest.fixture(scope="module")
 def gguf_models(tmp_path_factory):
-    """Tiny GGUF files + transformers' outputs on them (tests/hf_reference.py cmd_gguf)."""
+    """Tiny GGUF files + transformers' outputs on them (tests/hf_reference/gguf_files.py, cmd_gguf)."""
     return hf_oracle.make("gguf", tmp_path_factory.mktemp("gguf"))
 
 

@@ -13,7 +13,8 @@ from tests import hf_oracle
 
 @pytest.fixture(scope="module")
 def reference(smollm2_gguf, tmp_path_factory):
-    """transformers' token ids, logits and greedy tokens on real text (hf_reference.py cmd_gguf_real)."""
+    """transformers' token ids, logits and greedy tokens on real text
+    (tests/hf_reference/gguf_files.py, cmd_gguf_real)."""
     out = tmp_path_factory.mktemp("smollm2_reference")
     hf_oracle.run("gguf-real", str(smollm2_gguf), str(out))
     ref = np.load(out / "reference.npz")

@@ -107,7 +107,8 @@ def gguf_files(smollm2_gguf, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def references(gguf_files, tmp_path_factory):
-    """transformers' tokenizer of each GGUF on TEXTS and CHATS, and its HF directory (hf_reference.py)."""
+    """transformers' tokenizer of each GGUF on TEXTS and CHATS, and its HF directory
+    (tests/hf_reference/gguf_files.py, cmd_tokenizer)."""
     out = tmp_path_factory.mktemp("tokenizer_reference")
     cases = out / "cases.json"
     cases.write_text(json.dumps(dict(texts=TEXTS, chats=CHATS)))
