@@ -44,7 +44,8 @@ from pallas_kernels._dispatch import check_impl, on_gpu
 from pallas_kernels.flash_decoding import _effective_tail_mask, decode_attention_pallas
 from pallas_kernels.invariant_attention import decode_attention_invariant
 from pallas_kernels.split_kv import _MASK_VALUE
-from pallas_kernels.wide_head_decode import decode_attention_wide, supports as wide_kernel_supports
+from pallas_kernels.wide_head_decode import decode_attention_wide
+from pallas_kernels.wide_head_tiling import supports as wide_kernel_supports
 
 __all__ = ["decode_attention", "decode_attention_pallas", "decode_attention_reference", "use_pallas", "visibility_mask"]
 

@@ -21,7 +21,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-ROWS = 64  # the wide-head kernel's M tile
+from pallas_kernels.wide_head_tiling import ROWS
 
 
 def _next_pow2(n: int) -> int:

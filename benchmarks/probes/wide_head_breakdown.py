@@ -18,7 +18,8 @@ import jax.numpy as jnp
 
 from jspec.bench.kernel_check import decode_attention_inputs
 from jspec.bench.timing import gpu_kernel_times, interleaved_gpu_times
-from pallas_kernels.wide_head_decode import decode_attention_wide, default_block_kv, default_splits, m_tiles
+from pallas_kernels.wide_head_decode import decode_attention_wide
+from pallas_kernels.wide_head_tiling import default_block_kv, default_splits, m_tiles
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 4, 512
 CELLS = [(1, 32768, 5), (1, 32768, 9), (8, 4096, 9), (1, 131072, 9), (1, 4096, 9), (1, 131072, 5)]  # batch, context, rows
