@@ -58,6 +58,7 @@ from pallas_kernels.wide_head_merge import merge_splits
 from pallas_kernels.wide_head_tiling import (COLUMNS, ROWS, SMEM_BYTES, default_block_kv, default_share_scores,
                                              default_slots, default_splits, m_tiles, supports)
 
+
 def _accumulate(acc, a, b, a_smem):
     """``acc + a @ b`` on the tensor cores, ``a`` from registers, in place. The interpreter takes
     WGMMA operands from shared memory only (``a_smem``, None on the GPU) and runs it only on a fresh
@@ -134,9 +135,9 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     # A group of whole 8-row smem tiles is copied straight from q, one query's group per copy (an XLA
     # transpose + pad before the call costs a launch, 2-4 us); rows past the last query are left as
     # they are: rows never mix in WGMMA or the row reductions, and only real rows are written out.
-    queries_per_tile = ROWS // group if group % 8 == 0 else 0
-    copies_per_chunk = min(queries_per_tile, num_q) if queries_per_tile else 1
-    if queries_per_tile:
+    q_in_place = group % 8 == 0
+    copies_per_chunk = min(ROWS // group, num_q) if q_in_place else 1
+    if q_in_place:
         q_rows = q.astype(dtype).reshape(batch, num_q, num_kv_heads, group, head_dim)
     else:
         q_rows = q.astype(dtype).reshape(batch, num_q, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
@@ -292,12 +293,13 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
 
             for j in range(consumers):
                 columns = pl.ds(j * COLUMNS, COLUMNS)
-                if not queries_per_tile:
+                if not q_in_place:
                     plgpu.copy_gmem_to_smem(q_ref.at[b, head_tile, :, columns], q_smem[j], q_ready.at[0])
-                for slot_ in range(copies_per_chunk if queries_per_tile else 0):
-                    query = jnp.minimum(t * queries_per_tile + slot_, num_q - 1)
+                    continue
+                for i in range(copies_per_chunk):  # the tile's i-th query (the last one again past num_q)
+                    query = jnp.minimum(t * (ROWS // group) + i, num_q - 1)
                     plgpu.copy_gmem_to_smem(q_ref.at[b, query, h, :, columns],
-                                            q_smem[j].at[pl.ds(slot_ * group, group)], q_ready.at[0])
+                                            q_smem[j].at[pl.ds(i * group, group)], q_ready.at[0])
 
             with jax.named_scope("stream"):
                 @pl.loop(first, end)

@@ -13,6 +13,7 @@ import pytest
 from tests import hf_oracle
 
 jax.config.update("jax_platforms", "cpu")
+_OWN_CACHE = pytest.StashKey[str]()  # the cache directory this process made (the controller's)
 
 
 def pytest_configure(config):
@@ -22,7 +23,7 @@ def pytest_configure(config):
     everything it needs at least once."""
     if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the controller (workers inherit it)
         os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jspec-tests-xla-")
-        config._jspec_compilation_cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
+        config.stash[_OWN_CACHE] = os.environ["JAX_COMPILATION_CACHE_DIR"]
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
     jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
     jax.config.update("jax_persistent_cache_min_compile_time_secs",
@@ -30,9 +31,8 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    cache = getattr(config, "_jspec_compilation_cache", None)
-    if cache:
-        shutil.rmtree(cache, ignore_errors=True)
+    if _OWN_CACHE in config.stash:
+        shutil.rmtree(config.stash[_OWN_CACHE], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True, scope="module")
