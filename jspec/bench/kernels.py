@@ -171,11 +171,14 @@ def run_sweep(args, copy_tb_s):
 
     from pallas_kernels.decode_tiling import tiling
 
+    hq, hkv, head_dim = args.heads
     jobs = []
     for batch, num_q, context in args.sweep_shapes:
-        default = tiling(batch, num_q, 32, 8, context, 128)
-        splits = [default["k_splits"] // 2, default["k_splits"] * 2]
-        shape_variants = [{}] + [dict(k_splits=s) for s in splits if s >= 1]
+        default = tiling(batch, num_q, hq, hkv, context, head_dim)
+        # Halved and doubled, and 1-2 (the merge in the kernel, one launch): at small shapes the
+        # separate merge kernel can cost as much as the attention.
+        splits = sorted({default["k_splits"] // 2, default["k_splits"] * 2, 1, 2} - {default["k_splits"], 0})
+        shape_variants = [{}] + [dict(k_splits=s) for s in splits]
         if num_q > 1:
             shape_variants += [dict(block_k=128, num_warps=8, num_stages=2), dict(block_k=128, num_warps=4,
                                                                                   num_stages=3),
