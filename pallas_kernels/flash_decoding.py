@@ -231,8 +231,8 @@ def _decode_kernel(
 
 
 def _decode_call(
-    q, k, v, kv_lengths, q_positions, tail_mask, window, scale, *, block_m, block_k, k_splits, num_warps, num_stages,
-    interpret,
+    q, k, v, kv_lengths, q_positions, tail_mask, window, scale, *, block_m, block_k, k_splits, merge_in_kernel,
+    num_warps, num_stages, interpret,
 ):
     """Run the kernel -> the output [B, Q * Hq, Dp].
 
@@ -273,10 +273,7 @@ def _decode_call(
     aliases = {}
     num_programs = batch * k_splits  # per KV head and M block
     split = num_programs > 1  # else one program per KV head does it all
-    # Few partials per sequence: the last program to arrive merges them (no second launch, only a
-    # zeroed counter per group). Many (batch 1..4): a combine kernel merges them in parallel, where
-    # the last program alone would read them all (1 us more at batch 1).
-    merge_in_kernel = k_splits <= 2
+    merge_in_kernel = split and merge_in_kernel
     if split:
         slots = num_programs + batch  # one per (program, sequence) pair, see _work_split
         out_shape += [
@@ -325,17 +322,20 @@ def _decode_call(
 
 def decode_attention_pallas(
     q, k, v, kv_lengths, *, q_positions, tail_mask=None, window=None, scale=None,
-    block_m=None, block_k=None, k_splits=None, num_warps=None, num_stages=None, interpret=None,
+    block_m=None, block_k=None, k_splits=None, merge_in_kernel=None, num_warps=None, num_stages=None, interpret=None,
 ):
     """The Pallas kernel (one launch); knobs default from the shapes (:func:`pallas_kernels.decode_tiling.tiling`).
 
     ``k_splits``: split programs per sequence on average (the batch's KV blocks are shared out
     evenly over ``batch * k_splits`` of them, see :func:`_work_split`; the last of a sequence's
     programs to finish merges their partials); 1 with batch 1 = one program per KV head.
+    ``merge_in_kernel``: whether split partials are merged by the last of a sequence's programs to
+    arrive (one launch) or by a second kernel, in parallel over the rows.
     """
     batch, num_q, num_q_heads, head_dim = q.shape
     _, num_kv_heads, max_len, _ = k.shape
-    given = dict(block_m=block_m, block_k=block_k, k_splits=k_splits, num_warps=num_warps, num_stages=num_stages)
+    given = dict(block_m=block_m, block_k=block_k, k_splits=k_splits, merge_in_kernel=merge_in_kernel,
+                 num_warps=num_warps, num_stages=num_stages)
     cfg = tiling(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, window=window,
                  **{name: val for name, val in given.items() if val is not None})
     for name in ("block_k", "block_m"):

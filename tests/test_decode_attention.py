@@ -251,7 +251,22 @@ def test_one_row_tiling_keeps_the_cache_streaming():
         assert (cfg["block_k"], cfg["k_splits"], cfg["num_stages"]) == (block_k, k_splits, 3), batch
         in_flight = batch * 8 * cfg["k_splits"] * cfg["block_k"] * (cfg["num_stages"] - 1)
         assert _ROWS_IN_FLIGHT <= in_flight <= 2 * _ROWS_IN_FLIGHT, batch
-    assert tiling(1, 1, 32, 8, 512, 128)["k_splits"] == 4  # at least 4 blocks per split
+    assert tiling(1, 1, 32, 8, 2048, 128)["k_splits"] == 16  # at least 4 blocks per split
+
+
+def test_a_short_cache_is_read_one_block_per_program():
+    """When every (sequence, KV head) pair's cache fits one wave of 64-row blocks (132 programs),
+    each program reads one block: small models' decode is bound by latency there (H100:
+    benchmarks/decode_attention_small_h100.json). Longer caches and wide heads keep the rule."""
+    from pallas_kernels.decode_tiling import tiling
+
+    for heads, context, splits in (((9, 3, 64), 512, 8), ((9, 3, 64), 2048, 32), ((32, 8, 64), 1024, 16)):
+        for num_q in (1, 5) if heads[1] == 3 else (1,):  # SmolLM2's 5 rows x GQA 3 still fit a 16-row block
+            cfg = tiling(1, num_q, *heads[:2], context, heads[2])
+            assert (cfg["block_k"], cfg["k_splits"]) == (64, splits), (heads, context, num_q)
+    assert tiling(1, 1, 9, 3, 4096, 64)["block_k"] == 32  # 192 blocks: past one wave
+    assert tiling(2, 1, 32, 8, 1024, 64)["block_k"] == 32  # 256 blocks over the batch
+    assert tiling(1, 1, 8, 2, 512, 256)["block_k"] == 32  # head_dim 256 keeps its own rule
 
 
 def test_gemma4_tiling_is_a_function_of_head_dim_and_window():
@@ -328,14 +343,17 @@ def test_default_tiling_fits_shared_memory(head_dim, rows):
         ([0, 300, 0, 0, 37], 2, None),  # chunks cross sequence boundaries; empty sequences get zeros
     ],
 )
-def test_work_split_over_a_ragged_batch(lengths, k_splits, window):
-    """The batch's KV blocks are shared out by length; every sequence's output is still exact."""
+@pytest.mark.parametrize("merge_in_kernel", [False, True])
+def test_work_split_over_a_ragged_batch(lengths, k_splits, window, merge_in_kernel):
+    """The batch's KV blocks are shared out by length; every sequence's output is still exact,
+    whether the last program to arrive merges a sequence's partials or a second kernel does."""
     case = make_case(
         13, batch=len(lengths), num_q=1, num_q_heads=4, num_kv_heads=2, max_len=300, head_dim=64,
         dtype=jnp.float32, lengths=lengths,
     )
     args = (case["q"], case["k"], case["v"], case["kv_lengths"])
-    fn = jax.jit(functools.partial(decode_attention_pallas, window=window, block_k=16, k_splits=k_splits))
+    fn = jax.jit(functools.partial(decode_attention_pallas, window=window, block_k=16, k_splits=k_splits,
+                                   merge_in_kernel=merge_in_kernel))
     out = fn(*args, q_positions=case["q_positions"])
     ref = decode_attention_reference(*args, q_positions=case["q_positions"], window=window)
     assert np.isfinite(np.asarray(out)).all()

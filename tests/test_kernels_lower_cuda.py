@@ -27,6 +27,7 @@ _S = jax.ShapeDtypeStruct
         (2, 64, 8, 2, 512, 64, jnp.bfloat16, False, None),  # prefill-sized num_q: several M blocks
         (8, 1, 32, 8, 8192, 128, jnp.bfloat16, False, None),  # two splits: the last program merges (atomics)
         (32, 1, 32, 8, 8192, 128, jnp.bfloat16, False, None),  # one split per sequence, balanced
+        (1, 5, 9, 3, 512, 64, jnp.bfloat16, False, None),  # SmolLM2: one block per program, one wave
         # Gemma 4: 16-row M blocks at head_dim 512 (block_k 32, 2 stages) and 256, window-sized splits
         (1, 9, 32, 4, 131072, 512, jnp.bfloat16, False, None),  # 31B full, 9 rows: 5 M blocks, 16 splits
         (8, 5, 8, 2, 32768, 512, jnp.bfloat16, False, None),  # E4B full, 5 rows: 2 M blocks
