@@ -11,13 +11,14 @@ import jax.numpy as jnp
 
 from jspec.parallel import TensorParallel, split_columns
 from pallas_kernels import skinny_matmul
+from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.skinny_matmul import GATES
 from pallas_kernels._dispatch import check_impl
 from pallas_kernels.gather_rows import FP32_SCALE, gather_rows_pallas, rms_norm as _rms_norm
 from pallas_kernels.gather_rows import rms_norm_fp32_scale as _rms_norm_fp32_scale
 from pallas_kernels.rope_write import check_norm, rope_write, rope_write_heads, rotate_half
 
-__all__ = ["rms_norm", "rms_norm_fp32_scale", "linear", "fuses_around_kernels", "gated_mlp", "silu_mlp", "gelu_tanh",
+__all__ = ["rms_norm", "rms_norm_fp32_scale", "add_rms_norm", "linear", "fuses_around_kernels", "gated_mlp", "silu_mlp", "gelu_tanh",
            "apply_rope", "rope_and_write"]
 
 
@@ -46,10 +47,14 @@ def rms_norm_fp32_scale(x: jax.Array, weight: jax.Array | None, eps: float, *, i
 
 
 def linear(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, *, impl: str = "auto",
-           parallel: TensorParallel | None = None, split: str | None = None) -> jax.Array:
+           parallel: TensorParallel | None = None, split: str | None = None, split_parts: bool = False) -> jax.Array:
     """``x [..., in] @ w [in, out]`` (+ bias) in x's dtype, accumulated in fp32. A placed model's
-    (``parallel``) ``split="column"`` / ``"row"`` weights run per device (``jspec.parallel``)."""
-    matmul = functools.partial(skinny_matmul, impl=impl)
+    (``parallel``) ``split="column"`` / ``"row"`` weights run per device (``jspec.parallel``).
+    ``split_parts``: the product as partial sums ``[splits, ..., out]`` for :func:`add_rms_norm`
+    (one device, no bias)."""
+    if split_parts and (bias is not None or parallel is not None):
+        raise ValueError("split_parts is for a product without bias on one device")
+    matmul = functools.partial(skinny_matmul, impl=impl, split_parts=split_parts)
     y = matmul(x, w) if parallel is None or split is None else getattr(parallel, split)(matmul, x, w)
     return y if bias is None else y + bias.astype(y.dtype)
 

@@ -94,11 +94,14 @@ def _gather_kernel(rows_ref, x_ref, *refs, hidden: int, chunk: int, eps: float, 
             plgpu.store(o_ref.at[off], normed.astype(o_ref.dtype), mask=msk)
             continue
         w = plgpu.load(w_ref.at[off], mask=msk, other=0)
-        normed = (xc.astype(jnp.float32) * inv).astype(xc.dtype)
-        y = w.astype(jnp.float32) * normed.astype(jnp.float32)
-        # Round as the reference does: to the promoted dtype first, then to x's dtype.
-        y = y.astype(jnp.promote_types(w.dtype, xc.dtype)).astype(o_ref.dtype)
-        plgpu.store(o_ref.at[off], y, mask=msk)
+        plgpu.store(o_ref.at[off], llama_scaled(xc, inv, w).astype(o_ref.dtype), mask=msk)
+
+
+def llama_scaled(x, inv_rms, weight):
+    """:func:`rms_norm` of a chunk of a row given its ``1 / rms``, rounded as the reference rounds:
+    the normed row to x's dtype, the scaled one to the promoted dtype of weight and x."""
+    normed = (x.astype(jnp.float32) * inv_rms).astype(x.dtype)
+    return (weight.astype(jnp.float32) * normed.astype(jnp.float32)).astype(jnp.promote_types(weight.dtype, x.dtype))
 
 
 def gather_rows_pallas(x, rows, *, norm_weight=None, eps=1e-6, norm=None, num_warps=None, interpret=None):

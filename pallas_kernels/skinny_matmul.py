@@ -146,9 +146,9 @@ def _load(ref, mask):
     return plgpu.load(ref, mask=mask, other=0)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "interpret", "w_transposed", "gated"))
+@functools.partial(jax.jit, static_argnames=("config", "interpret", "w_transposed", "gated", "split_parts"))
 def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool, w_transposed: bool = False,
-                             gated: str | None = None):
+                             gated: str | None = None, split_parts: bool = False):
     m, k = x.shape
     n, k2 = w.shape if w_transposed else w.shape[::-1]
     assert k == k2, (x.shape, w.shape)
@@ -211,16 +211,20 @@ def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool, w_t
         interpret=interpret,
         name="skinny_matmul",
     )(x, *[w] * num_w)
+    if split_parts:
+        return out if split_k > 1 else out[None]
     if split_k > 1:
         out = (functools.reduce(operator.add, list(out)) if cfg.ordered_splits else out.sum(axis=0)).astype(x.dtype)
     return out
 
 
 def skinny_matmul_pallas(x, w, *, config: SkinnyConfig | None = None, interpret=None, w_transposed=False,
-                         gated: str | None = None):
+                         gated: str | None = None, split_parts: bool = False):
     """The Pallas kernel for x [..., K] (at most MAX_M rows after flattening, unless the config
     has M tiles), w [K, N] (or [N, K] with ``w_transposed``). ``gated="silu"``: w is ``[gate | up]``
-    and the result ``silu(x @ gate) * (x @ up)`` [..., N / 2], in the kernel."""
+    and the result ``silu(x @ gate) * (x @ up)`` [..., N / 2], in the kernel. ``split_parts``: the
+    split-K partial sums as they are, ``[splits, ..., N]`` in fp32 (``[1, ..., N]`` in x's dtype
+    without split-K), for a consumer that adds them itself (``pallas_kernels.add_rms_norm``)."""
     if interpret is None:
         interpret = interpret_mode()
     lead = x.shape[:-1]
@@ -231,8 +235,8 @@ def skinny_matmul_pallas(x, w, *, config: SkinnyConfig | None = None, interpret=
         if gated is not None:
             config = gated_config(config, n)
     out = _skinny_matmul_pallas_2d(x2, w, config=config, interpret=bool(interpret), w_transposed=w_transposed,
-                                   gated=gated)
-    return out.reshape(*lead, out.shape[-1])
+                                   gated=gated, split_parts=split_parts)
+    return out.reshape(*out.shape[:-2], *lead, out.shape[-1])
 
 
 def _auto_uses_pallas(m: int, k: int, n: int, x_dtype, w_dtype) -> bool:
@@ -255,7 +259,7 @@ def _auto_uses_pallas(m: int, k: int, n: int, x_dtype, w_dtype) -> bool:
     return m == 1 and k >= 512 and 512 <= n <= 32768
 
 
-def skinny_matmul(x, w, *, impl="auto", w_transposed=False, gated=None):
+def skinny_matmul(x, w, *, impl="auto", w_transposed=False, gated=None, split_parts=False):
     """Dispatcher: ``x @ w`` for x [..., K], w [K, N] -> [..., N] (w [N, K] with ``w_transposed``).
     ``impl="pallas"``: the kernel for up to ``MAX_M`` rows, the reference for more (a prefill);
     ``impl="invariant"``: the kernel with :func:`invariant_config`, for any number of rows.
@@ -263,27 +267,34 @@ def skinny_matmul(x, w, *, impl="auto", w_transposed=False, gated=None):
     ``gated="silu"`` (w is ``[gate | up]``; the result ``silu(x @ gate) * (x @ up)``, [..., N / 2]):
     fused into the kernel wherever it runs (``"pallas"``; ``"auto"`` where it takes the kernel for
     ``x @ w``), saving the activation's launch; elsewhere the reference composes it. Not under
-    ``"invariant"``, whose tiling does not hold gate and up side by side."""
+    ``"invariant"``, whose tiling does not hold gate and up side by side.
+
+    ``split_parts``: ``[splits, ..., N]`` partial sums whose sum over the first axis, rounded to x's
+    dtype, is the product (see :func:`skinny_matmul_pallas`; ``[1, ..., N]`` wherever the kernel
+    does not split K). Not with ``gated``."""
     impl = check_impl(impl, "skinny_matmul")
     m = math.prod(x.shape[:-1])
     k, n = w.shape[::-1] if w_transposed else w.shape
     if gated is not None and gated not in GATES:
         raise ValueError(f"gated must be one of {sorted(GATES)}, got {gated!r}")
+    if split_parts and gated is not None:
+        raise ValueError("split_parts and gated together are not supported: a gated product has no split-K")
     if impl == "invariant":
         if gated is not None:
             raise ValueError("impl='invariant' does not fuse a gate into the matmul: compose it")
         itemsize = jnp.dtype(jnp.promote_types(x.dtype, w.dtype)).itemsize
         config = invariant_config(k, n, itemsize, w_transposed=w_transposed)
-        return skinny_matmul_pallas(x, w, config=config, w_transposed=w_transposed)
+        return skinny_matmul_pallas(x, w, config=config, w_transposed=w_transposed, split_parts=split_parts)
     if impl == "pallas" and m <= MAX_M:
         if _fits_gated(m, k, n, x.dtype, w.dtype, gated):
-            return skinny_matmul_pallas(x, w, w_transposed=w_transposed, gated=gated)
+            return skinny_matmul_pallas(x, w, w_transposed=w_transposed, gated=gated, split_parts=split_parts)
         gate, up = jnp.split(skinny_matmul_pallas(x, w), 2, axis=-1)
         return GATES[gated](gate) * up
     if (impl == "auto" and not w_transposed and on_gpu() and _auto_uses_pallas(m, k, n, x.dtype, w.dtype)
             and _fits_gated(m, k, n, x.dtype, w.dtype, gated)):
-        return skinny_matmul_pallas(x, w, interpret=False, gated=gated)
-    return skinny_matmul_reference(x, w, w_transposed=w_transposed, gated=gated)
+        return skinny_matmul_pallas(x, w, interpret=False, gated=gated, split_parts=split_parts)
+    out = skinny_matmul_reference(x, w, w_transposed=w_transposed, gated=gated)
+    return out[None] if split_parts else out
 
 
 def _fits_gated(m, k, n, x_dtype, w_dtype, gated) -> bool:

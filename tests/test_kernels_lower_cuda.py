@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from pallas_kernels.add_rms_norm import add_rms_norm_pallas
 from pallas_kernels.decode_attention import decode_attention_pallas
 from pallas_kernels.gather_rows import gather_rows_pallas
 from tests._lowering import lower_for_cuda, triton_kernel_count
@@ -65,6 +66,17 @@ def test_gather_rows_lowers_for_cuda(hidden, n, norm):
 
     text = lower_for_cuda(fn, _S((2, 17, hidden), jnp.bfloat16), rows, weight)
     assert triton_kernel_count(text) >= 1
+
+
+@pytest.mark.parametrize("rows,hidden,splits", [(1, 2048, 16), (5, 576, 1), (1, 5000, 4)])
+def test_add_rms_norm_lowers_for_cuda(rows, hidden, splits):
+    def fn(x, parts, weight):
+        return add_rms_norm_pallas(x, parts, weight, 1e-5, interpret=False)
+
+    parts_dtype = jnp.float32 if splits > 1 else jnp.bfloat16
+    text = lower_for_cuda(fn, _S((1, rows, hidden), jnp.bfloat16), _S((splits, 1, rows, hidden), parts_dtype),
+                          _S((hidden,), jnp.bfloat16))
+    assert triton_kernel_count(text) == 1
 
 
 # --- skinny matmul (pallas_kernels/skinny_matmul.py) ---------------------------------------

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels import decode_attention, gather_rows, skinny_matmul
+from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.decode_attention import decode_attention_pallas, decode_attention_reference
 from pallas_kernels.decode_tiling import tiling
 from pallas_kernels.rope_write import rope_write
@@ -179,6 +180,20 @@ def check_gather_rows(seed=0):
         yield _compare(entry, lambda: fns["pallas"](x, rows, w), lambda: fns["xla"](x, rows, w), (2e-2, 1e-2))
 
 
+def check_add_rms_norm(seed=0):
+    """The residual add + RMSNorm from a projection's split-K partials, at the 1B, SmolLM2 and 8B
+    hiddens (decode and verify rows; the split counts their output projections take)."""
+    rng = np.random.default_rng(seed)
+    for rows, hidden, splits in [(1, 2048, 16), (5, 576, 1), (1, 4096, 8), (3, 5000, 4)]:
+        x = jnp.asarray(3 * rng.standard_normal((1, rows, hidden)), jnp.bfloat16)
+        parts = jnp.asarray(rng.standard_normal((splits, 1, rows, hidden)), jnp.float32)
+        w = jnp.asarray(1 + rng.standard_normal(hidden), jnp.bfloat16)
+        fns = {impl: jax.jit(lambda x, p, w, impl=impl: jnp.concatenate(add_rms_norm(x, p, w, 1e-5, impl=impl)))
+               for impl in ("pallas", "xla")}
+        entry = dict(measure="check", name=f"add_rms_norm_{rows}x{hidden}_splits{splits}")
+        yield _compare(entry, lambda: fns["pallas"](x, parts, w), lambda: fns["xla"](x, parts, w), (4e-2, 1e-2))
+
+
 def check_fused_matmul(seed=0, max_weight=None):
     """The skinny matmul with its gated epilogue (decode / verify rows at the 8B, 1B, SmolLM2 and
     Qwen2.5-0.5B gate/up shapes with SiLU, Gemma 4 E4B's with the tanh GELU, a ragged K);
@@ -232,7 +247,8 @@ def run_check(max_len_cap=None, seed=0, max_weight=None) -> list[dict]:
     the attention cases with longer caches and the matmul cases with larger weights)."""
     rows = []
     for entry in itertools.chain(check_decode_attention(max_len_cap, seed), check_split_merge(max_len_cap, seed=seed),
-                                 check_gather_rows(seed), check_fused_matmul(seed, max_weight), check_rope_write(seed)):
+                                 check_gather_rows(seed), check_add_rms_norm(seed), check_fused_matmul(seed, max_weight),
+                                 check_rope_write(seed)):
         rows.append(entry)
         print(json.dumps(entry, default=float))
     return rows

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from jspec.kv import KVCache
 from jspec.parallel import TensorParallel, per_head
-from jspec.layers import linear, rms_norm, rope_and_write, silu_mlp
+from jspec.layers import add_rms_norm, fuses_around_kernels, linear, rms_norm, rope_and_write, silu_mlp
 from jspec.models.base import (NO_CAPTURE, Capture, as_is, lm_head, random_matrix, random_norm_weight,
                                token_positions)
 from jspec.models.llama.config import LlamaConfig
@@ -74,7 +74,7 @@ def qkv_parts(c: LlamaConfig) -> tuple[int, int, int]:
 
 def attention(
     layer, c: LlamaConfig, h, positions, cos, sin, k_buf, v_buf, lengths, *, keep_rows=None, tree_mask=None,
-    impl="auto", parallel: TensorParallel | None = None,
+    impl="auto", parallel: TensorParallel | None = None, split_parts: bool = False,
 ):
     """Self-attention of one layer over the normed rows ``h [batch, T, in]`` (``in`` is usually
     ``hidden``; EAGLE-3's midlayer reads ``2 * hidden``).
@@ -83,6 +83,8 @@ def attention(
     row's query is kept right after the K/V write (the others are dead: their K/V is all the
     caller needs) and the output is ``[batch, 1, hidden]``; otherwise ``[batch, T, hidden]``.
     ``parallel``: a placed model's (``jspec.shard``): attention and projections run per device.
+    ``split_parts``: the output projection as partial sums ``[splits, batch, rows, hidden]``
+    (``jspec.layers.linear``).
     """
     batch, num_rows, _ = h.shape
     if keep_rows is not None and tree_mask is not None:
@@ -103,7 +105,8 @@ def attention(
 
     args = (q, k_buf, v_buf, lengths + num_rows, positions, tree_mask)
     attn = per_head(attend, *args, parallel=parallel)
-    out = linear(attn.reshape(batch, num_q, c.q_size), layer.o, impl=impl, parallel=parallel, split="row")
+    out = linear(attn.reshape(batch, num_q, c.q_size), layer.o, impl=impl, parallel=parallel, split="row",
+                 split_parts=split_parts)
     return out, k_buf, v_buf
 
 
@@ -134,15 +137,21 @@ def decoder_layer(
     Returns ``(x, k_buf, v_buf)``.
     """
     h = rms_norm(x, layer.attn_norm, c.rms_norm_eps, impl=impl) if attn_input is None else attn_input
+    # Where kernels fuse, the output projection's split-K partials, the residual add and the MLP's
+    # norm are one launch (jspec.layers.add_rms_norm).
+    fused = fuses_around_kernels(impl, parallel)
     attn_out, k_buf, v_buf = attention(
         layer, c, h, positions, cos, sin, k_buf, v_buf, lengths, keep_rows=keep_rows, tree_mask=tree_mask, impl=impl,
-        parallel=parallel,
+        parallel=parallel, split_parts=fused,
     )
     if keep_rows is not None:
         x = gather_rows(x, keep_rows, impl=impl)[:, None]
-    x = x + attn_out
-    x = x + silu_mlp(rms_norm(x, layer.mlp_norm, c.rms_norm_eps, impl=impl), layer.gate_up, layer.down, impl=impl,
-                     parallel=parallel)
+    if fused:
+        x, h = add_rms_norm(x, attn_out, layer.mlp_norm, c.rms_norm_eps, impl=impl)
+    else:
+        x = x + attn_out
+        h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps, impl=impl)
+    x = x + silu_mlp(h, layer.gate_up, layer.down, impl=impl, parallel=parallel)
     return x, k_buf, v_buf
 
 

@@ -1,0 +1,117 @@
+"""The residual add and the next RMSNorm in one pass, straight from a projection's split-K partials.
+
+Shapes:
+  x        [..., hidden]           the residual stream (its dtype is the result's)
+  parts    [splits, ..., hidden]   the partial sums of the projection to add (``skinny_matmul``'s
+                                   split-K partials in fp32, or ``[1, ..., hidden]`` of a finished
+                                   product in any dtype)
+  weight   [hidden]                the Llama RMSNorm's weight
+  out      (x + y in x's dtype, rms_norm(x + y) in the promoted dtype of x and weight), where
+           y = sum(parts over splits) rounded to x's dtype (what the projection returns)
+
+Between a decoder layer's output projection and its MLP, XLA runs the split sum + residual add +
+sum of squares as one reduction fusion and the scaling as another launch; at decode the fusion
+reads every split of the row in one block (Llama-3.2-1B: 4.2 us for 16 x 2048 fp32 + 1.4 us of
+scaling a layer, ``benchmarks/decode_h100_shipped_small.json``). The Pallas kernel (Triton
+backend) runs one program per row: it adds the splits in order (0, 1, ...), then the residual,
+then norms the row as :func:`pallas_kernels.gather_rows.rms_norm` does, in one launch. The split
+loop waits for each split's load before the next (see :func:`use_pallas` for where that costs).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels._dispatch import check_impl, interpret_mode, on_gpu
+from pallas_kernels.gather_rows import llama_scaled, rms_norm
+
+_MAX_CHUNK = 4096
+
+
+def _check(x, parts, weight):
+    if parts.ndim != x.ndim + 1 or parts.shape[1:] != x.shape or weight.shape != x.shape[-1:]:
+        raise ValueError(f"add_rms_norm needs parts [splits, *x.shape] and weight [hidden], got x {x.shape}, "
+                         f"parts {parts.shape}, weight {weight.shape}")
+
+
+def add_rms_norm_reference(x, parts, weight, eps):
+    """The composition the kernel fuses (see the module docstring)."""
+    _check(x, parts, weight)
+    y = parts.astype(jnp.float32).sum(axis=0).astype(x.dtype) if parts.shape[0] > 1 else parts[0].astype(x.dtype)
+    x = x + y
+    return x, rms_norm(x, weight, eps)
+
+
+def _kernel(x_ref, parts_ref, w_ref, sum_ref, normed_ref, *, hidden, chunk, splits, eps):
+    n_chunks = -(-hidden // chunk)
+    offsets = [c * chunk + jnp.arange(chunk, dtype=jnp.int32) for c in range(n_chunks)]
+    masks = [off < hidden for off in offsets]
+
+    def add_split(s, acc):  # in split order: one fixed order of the sum
+        return [a + plgpu.load(parts_ref.at[s, off], mask=msk, other=0).astype(jnp.float32)
+                for a, off, msk in zip(acc, offsets, masks)]
+
+    acc = lax.fori_loop(0, splits, add_split, [jnp.zeros((chunk,), jnp.float32) for _ in offsets])
+    dtype = sum_ref.dtype  # x's
+    rows = []
+    for a, off, msk in zip(acc, offsets, masks):
+        residual = plgpu.load(x_ref.at[off], mask=msk, other=0)
+        row = (residual.astype(jnp.float32) + a.astype(dtype).astype(jnp.float32)).astype(dtype)
+        plgpu.store(sum_ref.at[off], row, mask=msk)
+        rows.append(row)
+    inv = lax.rsqrt(sum(jnp.sum(r.astype(jnp.float32) ** 2) for r in rows) / hidden + eps)
+    for row, off, msk in zip(rows, offsets, masks):
+        w = plgpu.load(w_ref.at[off], mask=msk, other=0)
+        plgpu.store(normed_ref.at[off], llama_scaled(row, inv, w), mask=msk)
+
+
+def add_rms_norm_pallas(x, parts, weight, eps, *, num_warps=None, interpret=None):
+    """The kernel: one program per row of ``x``."""
+    _check(x, parts, weight)
+    hidden = x.shape[-1]
+    x2 = x.reshape(-1, hidden)
+    rows = x2.shape[0]
+    splits = parts.shape[0]
+    chunk = min(1 << (hidden - 1).bit_length(), _MAX_CHUNK)
+    kernel = functools.partial(_kernel, hidden=hidden, chunk=chunk, splits=splits, eps=float(eps))
+    row_spec = pl.BlockSpec((None, hidden), lambda r: (r, 0))
+    out_sum, out_normed = pl.pallas_call(
+        kernel,
+        grid=(rows,),
+        in_specs=[row_spec, pl.BlockSpec((splits, None, hidden), lambda r: (0, r, 0)),
+                  pl.BlockSpec((hidden,), lambda r: (0,))],
+        out_specs=[row_spec, row_spec],
+        out_shape=[jax.ShapeDtypeStruct((rows, hidden), x.dtype),
+                   jax.ShapeDtypeStruct((rows, hidden), jnp.promote_types(x.dtype, weight.dtype))],
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps or (4 if chunk <= 1024 else 8), num_stages=1),
+        interpret=interpret_mode() if interpret is None else interpret,
+        name="jspec_add_rms_norm",
+    )(x2, parts.reshape(splits, rows, hidden), weight)
+    return out_sum.reshape(x.shape), out_normed.reshape(x.shape)
+
+
+def use_pallas(rows: int, splits: int, hidden: int) -> bool:
+    """The ``impl="auto"`` rule on a GPU: decode and verify rows (up to 64) whose partials are short
+    (splits x hidden <= 4096). Measured in the decode loop (H100, batch 1, context 512,
+    ``benchmarks/decode_h100_add_rms_norm_small.json``): SmolLM2-135M (one 576-wide part) 0.888 vs
+    0.930 ms/token, 307 vs 337 kernels a step; Llama-3.2-1B (16 x 2048) a tie in GPU time (1.294 vs
+    1.287 ms a step) and 1.4% slower in the loop: one program reads a row's 16 splits one after
+    another (5.0 us against XLA's 4.3)."""
+    return rows <= 64 and splits * hidden <= 4096
+
+
+def add_rms_norm(x, parts, weight, eps, *, impl="auto"):
+    """Dispatcher: ``(x + y, rms_norm(x + y))`` (see the module docstring). ``impl="invariant"``
+    takes the kernel (its sum runs in one fixed order per row)."""
+    impl = check_impl(impl, "add_rms_norm")
+    rows = x.size // x.shape[-1]
+    if impl in ("pallas", "invariant") or (impl == "auto" and on_gpu() and use_pallas(rows, parts.shape[0],
+                                                                                          x.shape[-1])):
+        return add_rms_norm_pallas(x, parts, weight, eps)
+    return add_rms_norm_reference(x, parts, weight, eps)

@@ -1,0 +1,102 @@
+"""The residual add + RMSNorm from a projection's split-K partials: the Pallas kernel (interpret
+mode on CPU) against the reference, and the matmul's partials it reads."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import skinny_matmul
+from pallas_kernels._dispatch import warm_up_interpret
+from pallas_kernels.add_rms_norm import add_rms_norm, add_rms_norm_reference
+from pallas_kernels.skinny_tilings import SkinnyConfig
+from pallas_kernels.skinny_matmul import skinny_matmul_pallas
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_up():
+    warm_up_interpret()
+
+
+@functools.partial(jax.jit, static_argnames=("impl",))
+def _run(x, parts, w, *, impl):
+    return add_rms_norm(x, parts, w, 1e-5, impl=impl)
+
+
+@pytest.mark.parametrize(
+    "lead,hidden,splits,dtype,parts_dtype",
+    [
+        ((1, 1), 576, 16, jnp.bfloat16, jnp.float32),  # SmolLM2's hidden, 16 split-K partials
+        ((2, 3), 96, 1, jnp.float32, jnp.float32),  # a finished product (no split-K), verify rows
+        ((3, 1), 5000, 4, jnp.bfloat16, jnp.float32),  # two chunks, the last one partial
+        ((1, 2), 64, 1, jnp.bfloat16, jnp.bfloat16),  # the product in x's dtype
+    ],
+)
+def test_kernel_matches_reference(lead, hidden, splits, dtype, parts_dtype):
+    rng = np.random.default_rng(hidden + splits)
+    x = jnp.asarray(3 * rng.standard_normal((*lead, hidden)), dtype)
+    parts = jnp.asarray(rng.standard_normal((splits, *lead, hidden)), parts_dtype)
+    w = jnp.asarray(1 + rng.standard_normal(hidden), dtype)
+    (x_new, normed), (x_ref, normed_ref) = _run(x, parts, w, impl="pallas"), _run(x, parts, w, impl="xla")
+    assert x_new.shape == normed.shape == x.shape and x_new.dtype == normed.dtype == dtype
+    # The sum over splits runs in another order in XLA: equal up to fp32 rounding before the cast.
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == jnp.float32 else dict(atol=4e-2, rtol=1e-2)
+    for got, want in ((x_new, x_ref), (normed, normed_ref)):
+        assert np.isfinite(np.asarray(got, np.float32)).all()
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), **tol)
+    if splits == 1:  # one term: no order to differ in, the same bits (the norm of a bf16 row may
+        # still differ by an ulp: jitted XLA can skip the row's rounding to bf16 before the norm)
+        np.testing.assert_array_equal(np.asarray(x_new), np.asarray(x_ref))
+
+
+def test_reference_is_the_residual_add_then_the_norm():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((2, 1, 8)), jnp.float32)
+    parts = jnp.asarray(rng.standard_normal((3, 2, 1, 8)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal(8), jnp.float32)
+    x_new, normed = add_rms_norm_reference(x, parts, w, 1e-6)
+    want = x + parts.sum(0)
+    np.testing.assert_allclose(np.asarray(x_new), np.asarray(want), rtol=1e-6)
+    rms = jnp.sqrt(jnp.mean(want**2, axis=-1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(np.asarray(normed), np.asarray(w * want / rms), rtol=1e-5)
+
+
+@pytest.mark.parametrize("bad", ["parts_rank", "parts_shape", "weight"])
+def test_mismatched_shapes_are_named(bad):
+    x, parts, w = jnp.zeros((2, 1, 8)), jnp.zeros((3, 2, 1, 8)), jnp.zeros(8)
+    parts = {"parts_rank": jnp.zeros((2, 1, 8)), "parts_shape": jnp.zeros((3, 2, 1, 9))}.get(bad, parts)
+    w = jnp.zeros(9) if bad == "weight" else w
+    with pytest.raises(ValueError, match="parts \\[splits, \\*x.shape\\] and weight"):
+        add_rms_norm(x, parts, w, 1e-6, impl="pallas")
+
+
+@pytest.mark.parametrize("split_k", [1, 4])
+def test_matmul_split_parts_sum_to_the_product(split_k):
+    """``split_parts``: the kernel's split-K partials as they are; their sum, rounded to x's dtype,
+    is what the matmul returns."""
+    rng = np.random.default_rng(split_k)
+    x = jnp.asarray(rng.standard_normal((1, 2, 256)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((256, 96)), jnp.float32)
+    config = SkinnyConfig(block_n=32, block_k=32, split_k=split_k, num_warps=4, num_stages=2)
+    parts = skinny_matmul_pallas(x, w, config=config, split_parts=True)
+    assert parts.shape == (split_k, 1, 2, 96)
+    assert parts.dtype == jnp.float32
+    product = skinny_matmul_pallas(x, w, config=config)
+    np.testing.assert_allclose(np.asarray(parts.sum(0)), np.asarray(product), rtol=1e-6, atol=1e-5)
+    reference = skinny_matmul(x, w, impl="xla", split_parts=True)  # no kernel: the product as one part
+    assert reference.shape == (1, 1, 2, 96)
+    with pytest.raises(ValueError, match="split_parts and gated"):
+        skinny_matmul(x, jnp.zeros((256, 192)), impl="pallas", gated="silu", split_parts=True)
+
+
+def test_auto_takes_the_kernel_for_short_partials_only():
+    """On a GPU ``auto`` fuses where the loop measured it faster: a SmolLM2-sized row in one part,
+    not Llama-3.2-1B's 16 split-K partials of 2048 (benchmarks/decode_h100_add_rms_norm_small.json)."""
+    from pallas_kernels.add_rms_norm import use_pallas
+
+    assert use_pallas(1, 1, 576) and use_pallas(5, 4, 896)
+    assert not use_pallas(1, 16, 2048) and not use_pallas(1, 8, 4096) and not use_pallas(65, 1, 576)
