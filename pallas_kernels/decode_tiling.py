@@ -40,6 +40,7 @@ def _default_config(batch, num_kv_heads, m_blocks, rows, head_dim, block_m, *, w
     of 32-row blocks).
     Larger M blocks: about ``_TARGET_PROGRAMS`` programs, rounded down (each does more math),
     block_k 64, 3 stages.
+    Short caches whose blocks fit one wave: one 64-row block per program (:func:`_one_wave`).
     Both: at least 4 KV blocks per split at full length (1 under a window: windowed calls are
     short, and small batches of them ran fastest with 1-2 blocks per split), at most 64 splits;
     head_dim 256: block_k 32; head_dim 512: 16-row blocks block_k 32 with 2 stages (faster than
@@ -75,8 +76,9 @@ def _one_wave(base, rows, block_m, head_dim):
     """Whether a short cache is read one ``_ONE_WAVE_BLOCK_K``-row block per program: 16-row M
     blocks at head_dim <= 128 whose (sequence, KV head, M block) triples x blocks fit one wave.
     There the call is bound by latency, not bandwidth: the programs' serial chains and the
-    launches, so the most parallel tiling wins (SmolLM2 heads 9 x 3 x 64 at 512 rows: 6.2 us
-    against 8.4 for four 4-block splits of 32 rows; ``decode_attention_small_h100.json``)."""
+    launches, so the most parallel tiling wins (H100, one row, 512 cache rows: SmolLM2's heads
+    9 x 3 x 64 6.6 us against 8.4 for four 4-block splits of 32 rows, Llama-3.2-1B's 7.1 vs 8.5,
+    8B's 8.4 vs 9.5; ``benchmarks/decode_attention_small_h100.json``)."""
     return (block_m <= 16 and head_dim <= 128
             and base * -(-rows // _ONE_WAVE_BLOCK_K) <= _ONE_WAVE_PROGRAMS)
 
@@ -101,7 +103,9 @@ def tiling(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, *, window
 def _merge_in_kernel(k_splits):
     """Few partials per sequence: the last program to arrive merges them (no second launch, only a
     zeroed counter per group). Many (batch 1..4): a combine kernel merges them in parallel, where
-    the last program alone would read them all (1 us more at batch 1)."""
+    the last program alone would read them all (1 us more at batch 1; at 8-16 splits of small
+    models' short caches the decode loop ran 1.5-2% slower with the merge in the kernel, though
+    with fewer launches: ``benchmarks/decode_h100_merge_in_kernel_small.json``)."""
     return k_splits <= 2
 
 
