@@ -18,8 +18,8 @@ from pallas_kernels.gather_rows import FP32_SCALE, gather_rows_pallas, rms_norm 
 from pallas_kernels.gather_rows import rms_norm_fp32_scale as _rms_norm_fp32_scale
 from pallas_kernels.rope_write import check_norm, rope_write, rope_write_heads, rotate_half
 
-__all__ = ["rms_norm", "rms_norm_fp32_scale", "add_rms_norm", "linear", "fuses_around_kernels", "gated_mlp", "silu_mlp", "gelu_tanh",
-           "apply_rope", "rope_and_write"]
+__all__ = ["rms_norm", "rms_norm_fp32_scale", "add_rms_norm", "linear", "fuses_around_kernels", "gated_mlp",
+           "silu_mlp", "gelu_tanh", "apply_rope", "rope_and_write"]
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, impl: str = "auto") -> jax.Array:

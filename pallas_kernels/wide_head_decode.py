@@ -22,8 +22,9 @@ registers). This kernel is built the way FlashMLA runs 512-wide heads:
   32-row blocks (full M tiles) are split the same way: each consumer multiplies its 256 columns
   and the partial scores are added through shared memory, halving the tensor-core work that bounds
   a full tile (4-8% faster at 72 rows); a consumer waits for the block's V chunks between posting
-  its partial scores and reading the other's, so that wait fills the exchange's; at 64-row blocks (light tiles) each consumer computes the
-  scores over the whole head_dim itself, which costs idle tensor-core time instead of a round trip;
+  its partial scores and reading the other's, so that wait fills the exchange's. At 64-row blocks
+  (light tiles) each consumer computes the scores over the whole head_dim itself, which costs idle
+  tensor-core time instead of a round trip;
 * splits of the KV axis write normalised partials (a tile's real rows only) and base-2
   log-sum-exps, merged in one launch straight into the output's layout
   (:mod:`pallas_kernels.wide_head_merge`; ``k_splits == 1`` writes the output directly); the
