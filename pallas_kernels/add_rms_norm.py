@@ -13,9 +13,9 @@ Between a decoder layer's output projection and its MLP, XLA runs the split sum 
 sum of squares as one reduction fusion and the scaling as another launch; at decode the fusion
 reads every split of the row in one block (Llama-3.2-1B: 4.2 us for 16 x 2048 fp32 + 1.4 us of
 scaling a layer, ``benchmarks/decode_h100_shipped_small.json``). The Pallas kernel (Triton
-backend) runs one program per row: it adds the splits in order (0, 1, ...), then the residual,
-then norms the row as :func:`pallas_kernels.gather_rows.rms_norm` does, in one launch. The split
-loop waits for each split's load before the next (see :func:`use_pallas` for where that costs).
+backend) runs one program per row: it loads every split of a column chunk in one gather (all in
+flight together), adds them in one fixed order, then the residual, then norms the row as
+:func:`pallas_kernels.gather_rows.rms_norm` does, in one launch.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from jax.experimental.pallas import triton as plgpu
 from pallas_kernels._dispatch import check_impl, interpret_mode, on_gpu
 from pallas_kernels.gather_rows import llama_scaled, rms_norm
 
-_MAX_CHUNK = 4096
+_TILE = 8192  # fp32 elements of the partials one gather loads: 32 per thread at 8 warps
 
 
 def _check(x, parts, weight):
@@ -47,27 +47,32 @@ def add_rms_norm_reference(x, parts, weight, eps):
     return x, rms_norm(x, weight, eps)
 
 
-def _kernel(x_ref, parts_ref, w_ref, sum_ref, normed_ref, *, hidden, chunk, splits, eps):
+def _kernel(x_ref, parts_ref, w_ref, sum_ref, normed_ref, *, rows, hidden, chunk, splits, eps):
+    # parts_ref: every row's partials, flat. A row's splits x chunk columns come in one gather, so
+    # all its loads are in flight at once; splits x chunk stays <= _TILE fp32 (registers).
+    row = pl.program_id(0)
+    s = jnp.arange(_next_pow2(splits), dtype=jnp.int32)
     n_chunks = -(-hidden // chunk)
     offsets = [c * chunk + jnp.arange(chunk, dtype=jnp.int32) for c in range(n_chunks)]
     masks = [off < hidden for off in offsets]
-
-    def add_split(s, acc):  # in split order: one fixed order of the sum
-        return [a + plgpu.load(parts_ref.at[s, off], mask=msk, other=0).astype(jnp.float32)
-                for a, off, msk in zip(acc, offsets, masks)]
-
-    acc = lax.fori_loop(0, splits, add_split, [jnp.zeros((chunk,), jnp.float32) for _ in offsets])
     dtype = sum_ref.dtype  # x's
-    rows = []
-    for a, off, msk in zip(acc, offsets, masks):
+    summed = []
+    for off, msk in zip(offsets, masks):
+        idx = (s[:, None] * rows + row) * hidden + off[None, :]
+        parts = plgpu.load(parts_ref.at[idx], mask=(s < splits)[:, None] & msk[None, :], other=0)
+        y = jnp.sum(parts.astype(jnp.float32), axis=0).astype(dtype)  # one fixed order per split count
         residual = plgpu.load(x_ref.at[off], mask=msk, other=0)
-        row = (residual.astype(jnp.float32) + a.astype(dtype).astype(jnp.float32)).astype(dtype)
-        plgpu.store(sum_ref.at[off], row, mask=msk)
-        rows.append(row)
-    inv = lax.rsqrt(sum(jnp.sum(r.astype(jnp.float32) ** 2) for r in rows) / hidden + eps)
-    for row, off, msk in zip(rows, offsets, masks):
+        out = (residual.astype(jnp.float32) + y.astype(jnp.float32)).astype(dtype)
+        plgpu.store(sum_ref.at[off], out, mask=msk)
+        summed.append(out)
+    inv = lax.rsqrt(sum(jnp.sum(r.astype(jnp.float32) ** 2) for r in summed) / hidden + eps)
+    for out, off, msk in zip(summed, offsets, masks):
         w = plgpu.load(w_ref.at[off], mask=msk, other=0)
-        plgpu.store(normed_ref.at[off], llama_scaled(row, inv, w), mask=msk)
+        plgpu.store(normed_ref.at[off], llama_scaled(out, inv, w), mask=msk)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def add_rms_norm_pallas(x, parts, weight, eps, *, num_warps=None, interpret=None):
@@ -77,21 +82,22 @@ def add_rms_norm_pallas(x, parts, weight, eps, *, num_warps=None, interpret=None
     x2 = x.reshape(-1, hidden)
     rows = x2.shape[0]
     splits = parts.shape[0]
-    chunk = min(1 << (hidden - 1).bit_length(), _MAX_CHUNK)
-    kernel = functools.partial(_kernel, hidden=hidden, chunk=chunk, splits=splits, eps=float(eps))
+    chunk = max(16, min(_next_pow2(hidden), _TILE // _next_pow2(splits)))
+    kernel = functools.partial(_kernel, rows=rows, hidden=hidden, chunk=chunk, splits=splits, eps=float(eps))
     row_spec = pl.BlockSpec((None, hidden), lambda r: (r, 0))
+    flat = parts.size
     out_sum, out_normed = pl.pallas_call(
         kernel,
         grid=(rows,),
-        in_specs=[row_spec, pl.BlockSpec((splits, None, hidden), lambda r: (0, r, 0)),
-                  pl.BlockSpec((hidden,), lambda r: (0,))],
+        in_specs=[row_spec, pl.BlockSpec((flat,), lambda r: (0,)), pl.BlockSpec((hidden,), lambda r: (0,))],
         out_specs=[row_spec, row_spec],
         out_shape=[jax.ShapeDtypeStruct((rows, hidden), x.dtype),
                    jax.ShapeDtypeStruct((rows, hidden), jnp.promote_types(x.dtype, weight.dtype))],
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps or (4 if chunk <= 1024 else 8), num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps or (4 if chunk * _next_pow2(splits) <= 1024 else 8),
+                                             num_stages=1),
         interpret=interpret_mode() if interpret is None else interpret,
         name="jspec_add_rms_norm",
-    )(x2, parts.reshape(splits, rows, hidden), weight)
+    )(x2, parts.reshape(flat), weight)
     return out_sum.reshape(x.shape), out_normed.reshape(x.shape)
 
 
