@@ -11,15 +11,15 @@ import jax.numpy as jnp
 
 from jspec.parallel import TensorParallel, split_columns
 from pallas_kernels import skinny_matmul
-from pallas_kernels.add_rms_norm import add_rms_norm
+from pallas_kernels.add_rms_norm import add_parts, add_rms_norm
 from pallas_kernels.skinny_matmul import GATES
 from pallas_kernels._dispatch import check_impl
 from pallas_kernels.gather_rows import FP32_SCALE, gather_rows_pallas, rms_norm as _rms_norm
 from pallas_kernels.gather_rows import rms_norm_fp32_scale as _rms_norm_fp32_scale
 from pallas_kernels.rope_write import check_norm, rope_write, rope_write_heads, rotate_half
 
-__all__ = ["rms_norm", "rms_norm_fp32_scale", "add_rms_norm", "linear", "fuses_around_kernels", "gated_mlp",
-           "silu_mlp", "gelu_tanh", "apply_rope", "rope_and_write"]
+__all__ = ["rms_norm", "rms_norm_fp32_scale", "add_parts", "add_rms_norm", "linear", "fuses_around_kernels",
+           "gated_mlp", "silu_mlp", "gelu_tanh", "apply_rope", "rope_and_write"]
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, impl: str = "auto") -> jax.Array:
@@ -73,10 +73,10 @@ _GATES = {fn: name for name, fn in GATES.items()}  # activations the matmul kern
 
 
 def gated_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, activation, *, impl: str = "auto",
-              parallel: TensorParallel | None = None) -> jax.Array:
+              parallel: TensorParallel | None = None, split_parts: bool = False) -> jax.Array:
     """``down(activation(gate(x)) * up(x))`` with gate and up fused into one ``[hidden, 2 * inter]``
     matrix. On one device the gating goes into the gate/up matmul's kernel where it runs (one launch
-    instead of two)."""
+    instead of two). ``split_parts``: the down projection as partial sums (:func:`linear`)."""
     gate_name = _GATES.get(activation)
     if gate_name is not None and fuses_around_kernels(impl, parallel):
         hidden = skinny_matmul(x, gate_up, impl=impl, gated=gate_name)
@@ -85,13 +85,13 @@ def gated_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, activation, *, 
         gate, up = split_columns(linear(x, gate_up, impl=impl, parallel=parallel, split="column"), (inter, inter),
                                  parallel)
         hidden = activation(gate) * up
-    return linear(hidden, down, impl=impl, parallel=parallel, split="row")
+    return linear(hidden, down, impl=impl, parallel=parallel, split="row", split_parts=split_parts)
 
 
 def silu_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, *, impl: str = "auto",
-             parallel: TensorParallel | None = None) -> jax.Array:
+             parallel: TensorParallel | None = None, split_parts: bool = False) -> jax.Array:
     """The Llama / Qwen MLP: ``gated_mlp`` with SiLU."""
-    return gated_mlp(x, gate_up, down, jax.nn.silu, impl=impl, parallel=parallel)
+    return gated_mlp(x, gate_up, down, jax.nn.silu, impl=impl, parallel=parallel, split_parts=split_parts)
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:

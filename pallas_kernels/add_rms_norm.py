@@ -40,10 +40,15 @@ def _check(x, parts, weight):
                          f"parts {parts.shape}, weight {weight.shape}")
 
 
+def add_parts(x, parts):
+    """``x + y``, y the sum of ``parts [splits, *x.shape]`` rounded to x's dtype (XLA)."""
+    return x + parts.astype(jnp.float32).sum(axis=0).astype(x.dtype)  # one part: its own bits back
+
+
 def add_rms_norm_reference(x, parts, weight, eps):
     """The composition the kernel fuses (see the module docstring)."""
     _check(x, parts, weight)
-    x = x + parts.astype(jnp.float32).sum(axis=0).astype(x.dtype)  # one part: its own bits back
+    x = add_parts(x, parts)
     return x, rms_norm(x, weight, eps)
 
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from jspec.kv import KVCache
 from jspec.parallel import TensorParallel, per_head
-from jspec.layers import add_rms_norm, fuses_around_kernels, linear, rms_norm, rope_and_write, silu_mlp
+from jspec.layers import add_parts, add_rms_norm, fuses_around_kernels, linear, rms_norm, rope_and_write, silu_mlp
 from jspec.models.base import (NO_CAPTURE, Capture, as_is, lm_head, random_matrix, random_norm_weight,
                                token_positions)
 from jspec.models.llama.config import LlamaConfig
@@ -126,6 +126,7 @@ def decoder_layer(
     tree_mask: jax.Array | None = None,
     impl: str = "auto",
     parallel: TensorParallel | None = None,
+    defer_mlp: bool = False,
 ):
     """One pre-norm decoder layer on the residual stream ``x [batch, T, hidden]``.
 
@@ -134,7 +135,9 @@ def decoder_layer(
     K/V write keep only that row of each sequence (attention query, residual, MLP), returning
     ``[batch, 1, hidden]`` -- dead rows never reach the rest of the layer. ``tree_mask [batch, T, T]``:
     tree attention among the ``T`` rows (``jspec.models.base``); not with ``keep_rows``.
-    Returns ``(x, k_buf, v_buf)``.
+    Returns ``(x, k_buf, v_buf)``; with ``defer_mlp`` (where kernels fuse) ``(x, mlp_parts, k_buf,
+    v_buf)``: the MLP's output as partial sums ``[splits, batch, T, hidden]`` not yet added to x, for
+    the next norm to add in its own launch (``forward``).
     """
     h = rms_norm(x, layer.attn_norm, c.rms_norm_eps, impl=impl) if attn_input is None else attn_input
     # Where kernels fuse, the output projection's split-K partials, the residual add and the MLP's
@@ -151,8 +154,8 @@ def decoder_layer(
     else:
         x = x + attn_out
         h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps, impl=impl)
-    x = x + silu_mlp(h, layer.gate_up, layer.down, impl=impl, parallel=parallel)
-    return x, k_buf, v_buf
+    mlp = silu_mlp(h, layer.gate_up, layer.down, impl=impl, parallel=parallel, split_parts=defer_mlp)
+    return (x, mlp, k_buf, v_buf) if defer_mlp else (x + mlp, k_buf, v_buf)
 
 
 def forward(
@@ -181,24 +184,37 @@ def forward(
     cos, sin = rope_cos_sin(positions, jnp.asarray(c.rope_inv_freq()), model.dtype)
     x = model.embed[tokens]  # [batch, T, hidden]
 
+    # Where kernels fuse, a layer's MLP output stays split-K partials that the next norm (the next
+    # layer's, or the final one) adds to the residual stream in its own launch.
+    deferred = fuses_around_kernels(impl, model.tensor_parallel)
+    mlp_parts = None
     residuals = {}
     new_k, new_v = [], []
     for i, layer in enumerate(model.layers):
+        h = None
+        if mlp_parts is not None:
+            x, h = add_rms_norm(x, mlp_parts, layer.attn_norm, c.rms_norm_eps, impl=impl)
         if i in capture.residuals:
             residuals[i] = x
-        x, k_buf, v_buf = decoder_layer(
-            layer, c, x, kv.k[i], kv.v[i], kv.lengths, positions, cos, sin, tree_mask=tree_mask, impl=impl,
-            parallel=model.tensor_parallel,
+        *out, k_buf, v_buf = decoder_layer(
+            layer, c, x, kv.k[i], kv.v[i], kv.lengths, positions, cos, sin, attn_input=h, tree_mask=tree_mask,
+            impl=impl, parallel=model.tensor_parallel, defer_mlp=deferred,
         )
+        x, mlp_parts = out if deferred else (out[0], None)
         new_k.append(k_buf)
         new_v.append(v_buf)
-    residuals[c.num_layers] = x
-    features = tuple(residuals[i] for i in capture.residuals)
 
     normed = None
     if capture.final_normed or (compute_logits and logits_rows is None):
-        normed = rms_norm(x, model.final_norm, c.rms_norm_eps, impl=impl)
-        features += (normed,) if capture.final_normed else ()
+        if mlp_parts is None:
+            normed = rms_norm(x, model.final_norm, c.rms_norm_eps, impl=impl)
+        else:
+            x, normed = add_rms_norm(x, mlp_parts, model.final_norm, c.rms_norm_eps, impl=impl)
+    elif mlp_parts is not None:
+        x = add_parts(x, mlp_parts)
+    residuals[c.num_layers] = x
+    features = tuple(residuals[i] for i in capture.residuals)
+    features += (normed,) if capture.final_normed else ()
     if not compute_logits:
         logits = None
     elif logits_rows is None:
