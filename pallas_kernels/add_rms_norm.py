@@ -5,9 +5,13 @@ Shapes:
   parts    [splits, ..., hidden]   the partial sums of the projection to add (``skinny_matmul``'s
                                    split-K partials in fp32, or ``[1, ..., hidden]`` of a finished
                                    product in any dtype)
-  weight   [hidden]                the Llama RMSNorm's weight
-  out      (x + y in x's dtype, rms_norm(x + y) in the promoted dtype of x and weight), where
-           y = sum(parts over splits) rounded to x's dtype (what the projection returns)
+  weight   [hidden]                the RMSNorm's weight
+  out      (x + y in x's dtype, norm(x + y)), where y = sum(parts over splits) rounded to x's
+           dtype (what the projection returns)
+  norm     None: the Llama RMSNorm (``gather_rows.rms_norm``: the result in the promoted dtype of
+           x and weight); ``FP32_SCALE``: Gemma 4's (scaled in fp32, cast to x's dtype last)
+  y_weight [hidden], optional      Gemma 4's post-norm of the product: y is first normed with it
+                                   (``norm``'s rounding), then added
 
 Between a decoder layer's output projection and its MLP, XLA runs the split sum + residual add +
 sum of squares as one reduction fusion and the scaling as another launch; at decode the fusion
@@ -29,30 +33,53 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._dispatch import check_impl, interpret_mode, on_gpu
-from pallas_kernels.gather_rows import llama_scaled, rms_norm
+from pallas_kernels.gather_rows import FP32_SCALE, llama_scaled, rms_norm, rms_norm_fp32_scale
 
 _TILE = 8192  # fp32 elements of the partials one gather loads: 32 per thread at 8 warps
 
 
-def _check(x, parts, weight):
-    if parts.ndim != x.ndim + 1 or parts.shape[1:] != x.shape or weight.shape != x.shape[-1:]:
-        raise ValueError(f"add_rms_norm needs parts [splits, *x.shape] and weight [hidden], got x {x.shape}, "
-                         f"parts {parts.shape}, weight {weight.shape}")
+def _check(x, parts, weight, y_weight, norm):
+    if (parts.ndim != x.ndim + 1 or parts.shape[1:] != x.shape or weight.shape != x.shape[-1:]
+            or (y_weight is not None and y_weight.shape != x.shape[-1:])):
+        raise ValueError(f"add_rms_norm needs parts [splits, *x.shape] and weight [hidden] (y_weight too), got x "
+                         f"{x.shape}, parts {parts.shape}, weight {weight.shape}, "
+                         f"y_weight {None if y_weight is None else y_weight.shape}")
+    if norm not in (None, FP32_SCALE):
+        raise ValueError(f"norm must be None (Llama) or {FP32_SCALE!r} (Gemma 4), got {norm!r}")
+
+
+def sum_parts(parts, dtype):
+    """The product the partials ``[splits, ...]`` stand for, rounded to ``dtype`` (XLA)."""
+    return parts.astype(jnp.float32).sum(axis=0).astype(dtype)  # one part: its own bits back
 
 
 def add_parts(x, parts):
     """``x + y``, y the sum of ``parts [splits, *x.shape]`` rounded to x's dtype (XLA)."""
-    return x + parts.astype(jnp.float32).sum(axis=0).astype(x.dtype)  # one part: its own bits back
+    return x + sum_parts(parts, x.dtype)
 
 
-def add_rms_norm_reference(x, parts, weight, eps):
+def add_rms_norm_reference(x, parts, weight, eps, *, y_weight=None, norm=None):
     """The composition the kernel fuses (see the module docstring)."""
-    _check(x, parts, weight)
-    x = add_parts(x, parts)
-    return x, rms_norm(x, weight, eps)
+    _check(x, parts, weight, y_weight, norm)
+    norm_fn = rms_norm if norm is None else rms_norm_fp32_scale
+    y = sum_parts(parts, x.dtype)
+    x = x + (y if y_weight is None else norm_fn(y, y_weight, eps).astype(x.dtype))
+    return x, norm_fn(x, weight, eps)
 
 
-def _kernel(x_ref, parts_ref, w_ref, sum_ref, normed_ref, *, rows, hidden, chunk, splits, eps):
+def _scaled(row, inv, w, norm):
+    """A chunk of a normed row, rounded as ``norm``'s reference rounds."""
+    if norm == FP32_SCALE:
+        return (row.astype(jnp.float32) * inv * w.astype(jnp.float32)).astype(row.dtype)
+    return llama_scaled(row, inv, w)
+
+
+def _inv_rms(chunks, hidden, eps):
+    return lax.rsqrt(sum(jnp.sum(c.astype(jnp.float32) ** 2) for c in chunks) / hidden + eps)
+
+
+def _kernel(x_ref, parts_ref, w_ref, *refs, rows, hidden, chunk, splits, eps, norm, post_norm):
+    y_w_ref, sum_ref, normed_ref = refs if post_norm else (None, *refs)
     # parts_ref: every row's partials, flat. A row's splits x chunk columns come in one gather, so
     # all its loads are in flight at once; splits x chunk stays <= _TILE fp32 (registers).
     row = pl.program_id(0)
@@ -61,48 +88,57 @@ def _kernel(x_ref, parts_ref, w_ref, sum_ref, normed_ref, *, rows, hidden, chunk
     offsets = [c * chunk + jnp.arange(chunk, dtype=jnp.int32) for c in range(n_chunks)]
     masks = [off < hidden for off in offsets]
     dtype = sum_ref.dtype  # x's
-    summed = []
+    ys = []
     for off, msk in zip(offsets, masks):
         idx = (s[:, None] * rows + row) * hidden + off[None, :]
         parts = plgpu.load(parts_ref.at[idx], mask=(s < splits)[:, None] & msk[None, :], other=0)
-        y = jnp.sum(parts.astype(jnp.float32), axis=0).astype(dtype)  # one fixed order per split count
+        ys.append(jnp.sum(parts.astype(jnp.float32), axis=0).astype(dtype))  # one fixed order per split count
+    if post_norm:
+        inv_y = _inv_rms(ys, hidden, eps)
+        ys = [_scaled(y, inv_y, plgpu.load(y_w_ref.at[off], mask=msk, other=0), norm).astype(dtype)
+              for y, off, msk in zip(ys, offsets, masks)]
+    summed = []
+    for y, off, msk in zip(ys, offsets, masks):
         residual = plgpu.load(x_ref.at[off], mask=msk, other=0)
         out = (residual.astype(jnp.float32) + y.astype(jnp.float32)).astype(dtype)
         plgpu.store(sum_ref.at[off], out, mask=msk)
         summed.append(out)
-    inv = lax.rsqrt(sum(jnp.sum(r.astype(jnp.float32) ** 2) for r in summed) / hidden + eps)
+    inv = _inv_rms(summed, hidden, eps)
     for out, off, msk in zip(summed, offsets, masks):
         w = plgpu.load(w_ref.at[off], mask=msk, other=0)
-        plgpu.store(normed_ref.at[off], llama_scaled(out, inv, w), mask=msk)
+        plgpu.store(normed_ref.at[off], _scaled(out, inv, w, norm).astype(normed_ref.dtype), mask=msk)
 
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def add_rms_norm_pallas(x, parts, weight, eps, *, num_warps=None, interpret=None):
+def add_rms_norm_pallas(x, parts, weight, eps, *, y_weight=None, norm=None, num_warps=None, interpret=None):
     """The kernel: one program per row of ``x``."""
-    _check(x, parts, weight)
+    _check(x, parts, weight, y_weight, norm)
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden)
     rows = x2.shape[0]
     splits = parts.shape[0]
     chunk = max(16, min(_next_pow2(hidden), _TILE // _next_pow2(splits)))
-    kernel = functools.partial(_kernel, rows=rows, hidden=hidden, chunk=chunk, splits=splits, eps=float(eps))
+    post_norm = y_weight is not None
+    kernel = functools.partial(_kernel, rows=rows, hidden=hidden, chunk=chunk, splits=splits, eps=float(eps),
+                               norm=norm, post_norm=post_norm)
     row_spec = pl.BlockSpec((None, hidden), lambda r: (r, 0))
+    vector_spec = pl.BlockSpec((hidden,), lambda r: (0,))
     flat = parts.size
+    normed_dtype = x.dtype if norm == FP32_SCALE else jnp.promote_types(x.dtype, weight.dtype)
     out_sum, out_normed = pl.pallas_call(
         kernel,
         grid=(rows,),
-        in_specs=[row_spec, pl.BlockSpec((flat,), lambda r: (0,)), pl.BlockSpec((hidden,), lambda r: (0,))],
+        in_specs=[row_spec, pl.BlockSpec((flat,), lambda r: (0,)), vector_spec] + [vector_spec] * post_norm,
         out_specs=[row_spec, row_spec],
-        out_shape=[jax.ShapeDtypeStruct((rows, hidden), x.dtype),
-                   jax.ShapeDtypeStruct((rows, hidden), jnp.promote_types(x.dtype, weight.dtype))],
+        out_shape=[jax.ShapeDtypeStruct((rows, hidden), x.dtype), jax.ShapeDtypeStruct((rows, hidden), normed_dtype)],
         compiler_params=plgpu.CompilerParams(num_warps=num_warps or (4 if chunk * _next_pow2(splits) <= 1024 else 8),
                                              num_stages=1),
         interpret=interpret_mode() if interpret is None else interpret,
         name="jspec_add_rms_norm",
-    )(x2, parts.reshape(flat), weight)
+    )(x2, parts.reshape(flat), weight, *([y_weight] if post_norm else []))
     return out_sum.reshape(x.shape), out_normed.reshape(x.shape)
 
 
@@ -117,12 +153,12 @@ def use_pallas(rows: int, splits: int, hidden: int) -> bool:
     return rows <= 64 and splits * hidden <= 1024
 
 
-def add_rms_norm(x, parts, weight, eps, *, impl="auto"):
-    """Dispatcher: ``(x + y, rms_norm(x + y))`` (see the module docstring). ``impl="invariant"``
+def add_rms_norm(x, parts, weight, eps, *, y_weight=None, norm=None, impl="auto"):
+    """Dispatcher: ``(x + y, norm(x + y))`` (see the module docstring). ``impl="invariant"``
     takes the kernel (its sum runs in one fixed order per row)."""
     impl = check_impl(impl, "add_rms_norm")
     rows = x.size // x.shape[-1]
     if impl in ("pallas", "invariant") or (impl == "auto" and on_gpu() and use_pallas(rows, parts.shape[0],
                                                                                           x.shape[-1])):
-        return add_rms_norm_pallas(x, parts, weight, eps)
-    return add_rms_norm_reference(x, parts, weight, eps)
+        return add_rms_norm_pallas(x, parts, weight, eps, y_weight=y_weight, norm=norm)
+    return add_rms_norm_reference(x, parts, weight, eps, y_weight=y_weight, norm=norm)

@@ -53,6 +53,22 @@ def test_kernel_matches_reference(lead, hidden, splits, dtype, parts_dtype):
         np.testing.assert_array_equal(np.asarray(x_new), np.asarray(x_ref))
 
 
+@pytest.mark.parametrize("splits,dtype", [(8, jnp.bfloat16), (1, jnp.float32), (3, jnp.float32)])
+def test_gemma4_form_matches_reference(splits, dtype):
+    """Gemma 4: the product post-normed (``y_weight``) before the add, norms scaled in fp32."""
+    rng = np.random.default_rng(splits)
+    x = jnp.asarray(3 * rng.standard_normal((1, 2, 320)), dtype)
+    parts = jnp.asarray(rng.standard_normal((splits, 1, 2, 320)), jnp.float32)
+    w, y_w = (jnp.asarray(1 + 0.1 * rng.standard_normal(320), dtype) for _ in range(2))
+    run = jax.jit(lambda x, p, w, y_w, impl: add_rms_norm(x, p, w, 1e-6, y_weight=y_w, norm="fp32_scale", impl=impl),
+                  static_argnames="impl")
+    got, want = run(x, parts, w, y_w, "pallas"), run(x, parts, w, y_w, "xla")
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == jnp.float32 else dict(atol=4e-2, rtol=1e-2)
+    for g, r in zip(got, want):
+        assert g.dtype == dtype
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32), **tol)
+
+
 def test_reference_is_the_residual_add_then_the_norm():
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((2, 1, 8)), jnp.float32)
@@ -72,6 +88,8 @@ def test_mismatched_shapes_are_named(bad):
     w = jnp.zeros(9) if bad == "weight" else w
     with pytest.raises(ValueError, match="parts \\[splits, \\*x.shape\\] and weight"):
         add_rms_norm(x, parts, w, 1e-6, impl="pallas")
+    with pytest.raises(ValueError, match="norm must be None"):
+        add_rms_norm(jnp.zeros((2, 1, 8)), jnp.zeros((3, 2, 1, 8)), jnp.zeros(8), 1e-6, norm="gemma", impl="pallas")
 
 
 @pytest.mark.parametrize("split_k", [1, 4])

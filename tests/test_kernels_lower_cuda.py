@@ -68,10 +68,14 @@ def test_gather_rows_lowers_for_cuda(hidden, n, norm):
     assert triton_kernel_count(text) >= 1
 
 
-@pytest.mark.parametrize("rows,hidden,splits", [(1, 2048, 16), (5, 576, 1), (1, 5000, 4)])
-def test_add_rms_norm_lowers_for_cuda(rows, hidden, splits):
+@pytest.mark.parametrize("rows,hidden,splits,gemma4", [(1, 2048, 16, False), (5, 576, 1, False), (1, 5000, 4, False),
+                                                     (1, 2560, 4, True)])
+def test_add_rms_norm_lowers_for_cuda(rows, hidden, splits, gemma4):
+    gemma4_form = dict(norm="fp32_scale") if gemma4 else {}
+
     def fn(x, parts, weight):
-        return add_rms_norm_pallas(x, parts, weight, 1e-5, interpret=False)
+        return add_rms_norm_pallas(x, parts, weight, 1e-5, y_weight=weight if gemma4 else None, interpret=False,
+                                   **gemma4_form)
 
     parts_dtype = jnp.float32 if splits > 1 else jnp.bfloat16
     text = lower_for_cuda(fn, _S((1, rows, hidden), jnp.bfloat16), _S((splits, 1, rows, hidden), parts_dtype),

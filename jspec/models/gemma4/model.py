@@ -28,7 +28,7 @@ import numpy as np
 
 from jspec.kv import KVCache
 from jspec.parallel import TensorParallel, per_head, split_columns
-from jspec.layers import apply_rope, gated_mlp, gelu_tanh, linear, rope_and_write
+from jspec.layers import add_rms_norm, apply_rope, fuses_around_kernels, gated_mlp, gelu_tanh, linear, rope_and_write
 from jspec.layers import rms_norm_fp32_scale as rms_norm
 from jspec.models.base import (NO_CAPTURE, Capture, as_is, lm_head, random_matrix, random_norm_weight,
                                token_positions)
@@ -134,7 +134,7 @@ def per_layer_inputs(model: Model, tokens: jax.Array, x: jax.Array, *, impl: str
 
 def attention(
     layer: Layer, c: Gemma4Config, index: int, h, positions, cos, sin, k_buf, v_buf, kv_lengths, *, tree_mask=None,
-    impl="auto", parallel: TensorParallel | None = None,
+    impl="auto", parallel: TensorParallel | None = None, split_parts: bool = False,
 ):
     """Self-attention of layer ``index`` over normed rows ``h [batch, T, hidden]`` at ``positions``.
 
@@ -142,7 +142,9 @@ def attention(
     its cache writes the K/V of its ``T`` rows as the last ``T`` of those; a KV-shared layer
     reads its source layer's buffers (written earlier in this step) as they are, so its rows
     may be any subset of the step's. ``parallel``: a placed model's (``jspec.shard``):
-    attention and projections run per device. Returns ``([batch, T, hidden], k_buf, v_buf)``.
+    attention and projections run per device. Returns ``([batch, T, hidden], k_buf, v_buf)``;
+    ``split_parts``: the output projection as partial sums ``[splits, batch, T, hidden]``
+    (``jspec.layers.linear``).
     """
     batch, num_rows, _ = h.shape
     _, head_dim = c.attention_shape(index)
@@ -165,7 +167,8 @@ def attention(
 
     args = (q, k_buf, v_buf, kv_lengths, positions, tree_mask)
     attn = per_head(attend, *args, parallel=parallel)
-    out = linear(attn.reshape(batch, num_rows, q_size), layer.o, impl=impl, parallel=parallel, split="row")
+    out = linear(attn.reshape(batch, num_rows, q_size), layer.o, impl=impl, parallel=parallel, split="row",
+                 split_parts=split_parts)
     return out, k_buf, v_buf
 
 
@@ -177,13 +180,20 @@ def decoder_layer(
     [batch, T, P]`` or None without PLE; ``kv_lengths``, ``tree_mask`` and ``parallel`` as for
     ``attention``. Returns ``(x, k_buf, v_buf)``."""
     eps = c.rms_norm_eps
+    # Where kernels fuse, the output projection's split-K partials, its post-norm, the residual add
+    # and the MLP's norm are one launch (jspec.layers.add_rms_norm).
+    fused = fuses_around_kernels(impl, parallel)
     attn_out, k_buf, v_buf = attention(
         layer, c, index, rms_norm(x, layer.attn_norm, eps, impl=impl), positions, cos, sin, k_buf, v_buf,
-        kv_lengths, tree_mask=tree_mask, impl=impl, parallel=parallel,
+        kv_lengths, tree_mask=tree_mask, impl=impl, parallel=parallel, split_parts=fused,
     )
-    x = x + rms_norm(attn_out, layer.post_attn_norm, eps, impl=impl)
-    mlp_out = gated_mlp(rms_norm(x, layer.mlp_norm, eps, impl=impl), layer.gate_up, layer.down, gelu_tanh, impl=impl,
-                        parallel=parallel)
+    if fused:
+        x, h = add_rms_norm(x, attn_out, layer.mlp_norm, eps, y_weight=layer.post_attn_norm, norm=FP32_SCALE,
+                            impl=impl)
+    else:
+        x = x + rms_norm(attn_out, layer.post_attn_norm, eps, impl=impl)
+        h = rms_norm(x, layer.mlp_norm, eps, impl=impl)
+    mlp_out = gated_mlp(h, layer.gate_up, layer.down, gelu_tanh, impl=impl, parallel=parallel)
     x = x + rms_norm(mlp_out, layer.post_mlp_norm, eps, impl=impl)
     if per_layer_input is not None:
         gated = gelu_tanh(linear(x, layer.ple_gate, impl=impl)) * per_layer_input
