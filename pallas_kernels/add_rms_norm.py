@@ -5,7 +5,7 @@ Shapes:
   parts    [splits, ..., hidden]   the partial sums of the projection to add (``skinny_matmul``'s
                                    split-K partials in fp32, or ``[1, ..., hidden]`` of a finished
                                    product in any dtype)
-  weight   [hidden]                the RMSNorm's weight
+  weight   [hidden] or None        the RMSNorm's weight (None: no norm after the add)
   out      (x + y in x's dtype, norm(x + y)), where y = sum(parts over splits) rounded to x's
            dtype (what the projection returns)
   norm     None: the Llama RMSNorm (``gather_rows.rms_norm``: the result in the promoted dtype of
@@ -39,10 +39,10 @@ _TILE = 8192  # fp32 elements of the partials one gather loads: 32 per thread at
 
 
 def _check(x, parts, weight, y_weight, norm):
-    if (parts.ndim != x.ndim + 1 or parts.shape[1:] != x.shape or weight.shape != x.shape[-1:]
-            or (y_weight is not None and y_weight.shape != x.shape[-1:])):
+    if (parts.ndim != x.ndim + 1 or parts.shape[1:] != x.shape
+            or any(w is not None and w.shape != x.shape[-1:] for w in (weight, y_weight))):
         raise ValueError(f"add_rms_norm needs parts [splits, *x.shape] and weight [hidden] (y_weight too), got x "
-                         f"{x.shape}, parts {parts.shape}, weight {weight.shape}, "
+                         f"{x.shape}, parts {parts.shape}, weight {None if weight is None else weight.shape}, "
                          f"y_weight {None if y_weight is None else y_weight.shape}")
     if norm not in (None, FP32_SCALE):
         raise ValueError(f"norm must be None (Llama) or {FP32_SCALE!r} (Gemma 4), got {norm!r}")
@@ -64,7 +64,7 @@ def add_rms_norm_reference(x, parts, weight, eps, *, y_weight=None, norm=None):
     norm_fn = rms_norm if norm is None else rms_norm_fp32_scale
     y = sum_parts(parts, x.dtype)
     x = x + (y if y_weight is None else norm_fn(y, y_weight, eps).astype(x.dtype))
-    return x, norm_fn(x, weight, eps)
+    return x, None if weight is None else norm_fn(x, weight, eps)
 
 
 def _scaled(row, inv, w, norm):
@@ -78,8 +78,11 @@ def _inv_rms(chunks, hidden, eps):
     return lax.rsqrt(sum(jnp.sum(c.astype(jnp.float32) ** 2) for c in chunks) / hidden + eps)
 
 
-def _kernel(x_ref, parts_ref, w_ref, *refs, rows, hidden, chunk, splits, eps, norm, post_norm):
-    y_w_ref, sum_ref, normed_ref = refs if post_norm else (None, *refs)
+def _kernel(x_ref, parts_ref, *refs, rows, hidden, chunk, splits, eps, norm, has_weight, post_norm):
+    refs = list(refs)
+    w_ref = refs.pop(0) if has_weight else None
+    y_w_ref = refs.pop(0) if post_norm else None
+    sum_ref, *normed_ref = refs
     # parts_ref: every row's partials, flat. A row's splits x chunk columns come in one gather, so
     # all its loads are in flight at once; splits x chunk stays <= _TILE fp32 (registers).
     row = pl.program_id(0)
@@ -103,10 +106,12 @@ def _kernel(x_ref, parts_ref, w_ref, *refs, rows, hidden, chunk, splits, eps, no
         out = (residual.astype(jnp.float32) + y.astype(jnp.float32)).astype(dtype)
         plgpu.store(sum_ref.at[off], out, mask=msk)
         summed.append(out)
+    if not has_weight:
+        return
     inv = _inv_rms(summed, hidden, eps)
     for out, off, msk in zip(summed, offsets, masks):
         w = plgpu.load(w_ref.at[off], mask=msk, other=0)
-        plgpu.store(normed_ref.at[off], _scaled(out, inv, w, norm).astype(normed_ref.dtype), mask=msk)
+        plgpu.store(normed_ref[0].at[off], _scaled(out, inv, w, norm).astype(normed_ref[0].dtype), mask=msk)
 
 
 def _next_pow2(n: int) -> int:
@@ -121,25 +126,28 @@ def add_rms_norm_pallas(x, parts, weight, eps, *, y_weight=None, norm=None, num_
     rows = x2.shape[0]
     splits = parts.shape[0]
     chunk = max(16, min(_next_pow2(hidden), _TILE // _next_pow2(splits)))
-    post_norm = y_weight is not None
+    weights = [w for w in (weight, y_weight) if w is not None]
     kernel = functools.partial(_kernel, rows=rows, hidden=hidden, chunk=chunk, splits=splits, eps=float(eps),
-                               norm=norm, post_norm=post_norm)
+                               norm=norm, has_weight=weight is not None, post_norm=y_weight is not None)
     row_spec = pl.BlockSpec((None, hidden), lambda r: (r, 0))
-    vector_spec = pl.BlockSpec((hidden,), lambda r: (0,))
     flat = parts.size
-    normed_dtype = x.dtype if norm == FP32_SCALE else jnp.promote_types(x.dtype, weight.dtype)
-    out_sum, out_normed = pl.pallas_call(
+    out_shape = [jax.ShapeDtypeStruct((rows, hidden), x.dtype)]
+    if weight is not None:
+        normed_dtype = x.dtype if norm == FP32_SCALE else jnp.promote_types(x.dtype, weight.dtype)
+        out_shape.append(jax.ShapeDtypeStruct((rows, hidden), normed_dtype))
+    outs = pl.pallas_call(
         kernel,
         grid=(rows,),
-        in_specs=[row_spec, pl.BlockSpec((flat,), lambda r: (0,)), vector_spec] + [vector_spec] * post_norm,
-        out_specs=[row_spec, row_spec],
-        out_shape=[jax.ShapeDtypeStruct((rows, hidden), x.dtype), jax.ShapeDtypeStruct((rows, hidden), normed_dtype)],
+        in_specs=[row_spec, pl.BlockSpec((flat,), lambda r: (0,))] + [pl.BlockSpec((hidden,), lambda r: (0,))] * len(weights),
+        out_specs=[row_spec] * len(out_shape),
+        out_shape=out_shape,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps or (4 if chunk * _next_pow2(splits) <= 1024 else 8),
                                              num_stages=1),
         interpret=interpret_mode() if interpret is None else interpret,
         name="jspec_add_rms_norm",
-    )(x2, parts.reshape(flat), weight, *([y_weight] if post_norm else []))
-    return out_sum.reshape(x.shape), out_normed.reshape(x.shape)
+    )(x2, parts.reshape(flat), *weights)
+    out_sum, *out_normed = (out.reshape(x.shape) for out in outs)
+    return out_sum, out_normed[0] if out_normed else None
 
 
 def use_pallas(rows: int, splits: int, hidden: int) -> bool:
@@ -154,8 +162,9 @@ def use_pallas(rows: int, splits: int, hidden: int) -> bool:
 
 
 def add_rms_norm(x, parts, weight, eps, *, y_weight=None, norm=None, impl="auto"):
-    """Dispatcher: ``(x + y, norm(x + y))`` (see the module docstring). ``impl="invariant"``
-    takes the kernel (its sum runs in one fixed order per row)."""
+    """Dispatcher: ``(x + y, norm(x + y))`` (see the module docstring); ``weight=None``: ``(x + y,
+    None)``, the add alone (Gemma 4's post-normed MLP output, which no norm follows directly).
+    ``impl="invariant"`` takes the kernel (its sum runs in one fixed order per row)."""
     impl = check_impl(impl, "add_rms_norm")
     rows = x.size // x.shape[-1]
     if impl in ("pallas", "invariant") or (impl == "auto" and on_gpu() and use_pallas(rows, parts.shape[0],

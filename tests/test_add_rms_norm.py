@@ -69,6 +69,20 @@ def test_gemma4_form_matches_reference(splits, dtype):
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32), **tol)
 
 
+def test_the_add_alone_without_a_weight():
+    """``weight=None``: the (post-normed) product added to x, no norm after it."""
+    rng = np.random.default_rng(7)
+    x = jnp.asarray(rng.standard_normal((1, 1, 200)), jnp.float32)
+    parts = jnp.asarray(rng.standard_normal((4, 1, 1, 200)), jnp.float32)
+    y_w = jnp.asarray(1 + 0.1 * rng.standard_normal(200), jnp.float32)
+    for impl in ("pallas", "xla"):
+        x_new, normed = add_rms_norm(x, parts, None, 1e-6, y_weight=y_w, norm="fp32_scale", impl=impl)
+        assert normed is None
+        y = parts.sum(0)
+        want = x + y * jax.lax.rsqrt(jnp.mean(y**2, axis=-1, keepdims=True) + 1e-6) * y_w
+        np.testing.assert_allclose(np.asarray(x_new), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
 def test_reference_is_the_residual_add_then_the_norm():
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((2, 1, 8)), jnp.float32)

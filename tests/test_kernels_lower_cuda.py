@@ -83,6 +83,15 @@ def test_add_rms_norm_lowers_for_cuda(rows, hidden, splits, gemma4):
     assert triton_kernel_count(text) == 1
 
 
+def test_add_rms_norm_without_a_norm_lowers_for_cuda():
+    def fn(x, parts, weight):
+        return add_rms_norm_pallas(x, parts, None, 1e-6, y_weight=weight, norm="fp32_scale", interpret=False)[0]
+
+    text = lower_for_cuda(fn, _S((1, 1, 2560), jnp.bfloat16), _S((16, 1, 1, 2560), jnp.float32),
+                          _S((2560,), jnp.bfloat16))
+    assert triton_kernel_count(text) == 1
+
+
 # --- skinny matmul (pallas_kernels/skinny_matmul.py) ---------------------------------------
 
 @pytest.mark.parametrize(

@@ -181,7 +181,8 @@ def decoder_layer(
     ``attention``. Returns ``(x, k_buf, v_buf)``."""
     eps = c.rms_norm_eps
     # Where kernels fuse, the output projection's split-K partials, its post-norm, the residual add
-    # and the MLP's norm are one launch (jspec.layers.add_rms_norm).
+    # and the MLP's norm are one launch (jspec.layers.add_rms_norm); the MLP's partials, its
+    # post-norm and the add another.
     fused = fuses_around_kernels(impl, parallel)
     attn_out, k_buf, v_buf = attention(
         layer, c, index, rms_norm(x, layer.attn_norm, eps, impl=impl), positions, cos, sin, k_buf, v_buf,
@@ -193,8 +194,11 @@ def decoder_layer(
     else:
         x = x + rms_norm(attn_out, layer.post_attn_norm, eps, impl=impl)
         h = rms_norm(x, layer.mlp_norm, eps, impl=impl)
-    mlp_out = gated_mlp(h, layer.gate_up, layer.down, gelu_tanh, impl=impl, parallel=parallel)
-    x = x + rms_norm(mlp_out, layer.post_mlp_norm, eps, impl=impl)
+    mlp_out = gated_mlp(h, layer.gate_up, layer.down, gelu_tanh, impl=impl, parallel=parallel, split_parts=fused)
+    if fused:
+        x, _ = add_rms_norm(x, mlp_out, None, eps, y_weight=layer.post_mlp_norm, norm=FP32_SCALE, impl=impl)
+    else:
+        x = x + rms_norm(mlp_out, layer.post_mlp_norm, eps, impl=impl)
     if per_layer_input is not None:
         gated = gelu_tanh(linear(x, layer.ple_gate, impl=impl)) * per_layer_input
         x = x + rms_norm(linear(gated, layer.ple_proj, impl=impl), layer.ple_norm, eps, impl=impl)
