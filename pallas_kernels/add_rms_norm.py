@@ -35,7 +35,10 @@ from jax.experimental.pallas import triton as plgpu
 from pallas_kernels._dispatch import check_impl, interpret_mode, on_gpu
 from pallas_kernels.gather_rows import FP32_SCALE, llama_scaled, rms_norm, rms_norm_fp32_scale
 
-_TILE = 8192  # fp32 elements of the partials one gather loads: 32 per thread at 8 warps
+# fp32 elements of the partials one gather loads: a whole row of Llama-3.2-1B's 16 x 2048 output
+# partials, 64 a thread at 16 warps. At decode one program reads its row alone, so the bytes it has
+# in flight set its speed (8192: 9.5 us for that row, 32768: 4.1; benchmarks/add_rms_norm_kernel_h100.json).
+_TILE = 32768
 
 
 def _check(x, parts, weight, y_weight, norm):
@@ -114,18 +117,26 @@ def _kernel(x_ref, parts_ref, *refs, rows, hidden, chunk, splits, eps, norm, has
         plgpu.store(normed_ref[0].at[off], _scaled(out, inv, w, norm).astype(normed_ref[0].dtype), mask=msk)
 
 
+def _num_warps(gather: int) -> int:
+    """Warps for a gather of ``gather`` fp32 elements: 4 up to 1024 (SmolLM2's one-part row), 8 up
+    to 8192, else 16 (16 beat 8 and 32 on the 16- and 32k-element rows of 1B and 8B)."""
+    return 4 if gather <= 1024 else 8 if gather <= 8192 else 16
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def add_rms_norm_pallas(x, parts, weight, eps, *, y_weight=None, norm=None, num_warps=None, interpret=None):
-    """The kernel: one program per row of ``x``."""
+def add_rms_norm_pallas(x, parts, weight, eps, *, y_weight=None, norm=None, tile=_TILE, num_warps=None,
+                        interpret=None):
+    """The kernel: one program per row of ``x``; ``tile``: fp32 elements of the partials one gather
+    loads (a power of two)."""
     _check(x, parts, weight, y_weight, norm)
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden)
     rows = x2.shape[0]
     splits = parts.shape[0]
-    chunk = max(16, min(_next_pow2(hidden), _TILE // _next_pow2(splits)))
+    chunk = max(16, min(_next_pow2(hidden), tile // _next_pow2(splits)))
     weights = [w for w in (weight, y_weight) if w is not None]
     kernel = functools.partial(_kernel, rows=rows, hidden=hidden, chunk=chunk, splits=splits, eps=float(eps),
                                norm=norm, has_weight=weight is not None, post_norm=y_weight is not None)
@@ -141,7 +152,7 @@ def add_rms_norm_pallas(x, parts, weight, eps, *, y_weight=None, norm=None, num_
         in_specs=[row_spec, pl.BlockSpec((flat,), lambda r: (0,))] + [pl.BlockSpec((hidden,), lambda r: (0,))] * len(weights),
         out_specs=[row_spec] * len(out_shape),
         out_shape=out_shape,
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps or (4 if chunk * _next_pow2(splits) <= 1024 else 8),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps or _num_warps(chunk * _next_pow2(splits)),
                                              num_stages=1),
         interpret=interpret_mode() if interpret is None else interpret,
         name="jspec_add_rms_norm",
@@ -151,14 +162,13 @@ def add_rms_norm_pallas(x, parts, weight, eps, *, y_weight=None, norm=None, num_
 
 
 def use_pallas(rows: int, splits: int, hidden: int) -> bool:
-    """The ``impl="auto"`` rule on a GPU: decode and verify rows (up to 64) whose partials are short
-    (splits x hidden <= 1024: SmolLM2's and Qwen2.5-0.5B's one-part rows; Llama-3.1-8B's 1 x 4096
-    is not timed yet). Measured in the decode loop (H100, batch 1, context 512,
-    ``benchmarks/decode_h100_add_rms_norm_small.json``): SmolLM2-135M (one 576-wide part) 0.888 vs
-    0.930 ms/token, 307 vs 337 kernels a step; Llama-3.2-1B (16 x 2048) a tie in GPU time (1.294 vs
-    1.287 ms a step) and 1.4% slower in the loop: one program reads a row's 16 splits one after
-    another (5.0 us against XLA's 4.3)."""
-    return rows <= 64 and splits * hidden <= 1024
+    """The ``impl="auto"`` rule on a GPU: decode and verify rows (up to 64) whose partials fit one
+    gather: splits x hidden <= 32768 at one row, <= 16384 at more. GPU time of one call against
+    XLA's composition (H100, one trace, ``benchmarks/add_rms_norm_kernel_h100.json``): SmolLM2's
+    rows 1.9-2.0 vs 3.3-3.9 us, Llama-3.2-1B's down 2.9 vs 7.4, Llama-3.1-8B's down 3.1 vs 4.3,
+    E4B's (Gemma 4 form) 4.7 vs 6.8 and, the add alone, 4.1 vs 4.4; 1B's 16 x 2048 output partials
+    a tie at one row (4.1 vs 4.2) and slower at five (4.2 vs 3.6), hence the tighter bound there."""
+    return rows <= 64 and splits * hidden <= (32768 if rows == 1 else 16384)
 
 
 def add_rms_norm(x, parts, weight, eps, *, y_weight=None, norm=None, impl="auto"):

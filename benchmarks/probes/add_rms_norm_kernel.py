@@ -1,5 +1,6 @@
 """The add + RMSNorm kernel against XLA's composition (the reference under jit) at decode shapes,
-interleaved in one trace (bf16, GPU time of one call's kernels after an L2 flush). With an earlier
+interleaved in one trace (bf16, GPU time of one call's kernels after an L2 flush), with the gather
+size and warps of ``VARIANTS`` beside the default and a control copy of it. With an earlier
 version of the module beside this script (``old_add_rms_norm.py``) it is timed too. H100::
 
     git show ecd6422:pallas_kernels/add_rms_norm.py > benchmarks/probes/old_add_rms_norm.py   # optional
@@ -24,7 +25,9 @@ from pallas_kernels.add_rms_norm import add_rms_norm_pallas, add_rms_norm_refere
 # name: (rows, splits, hidden, Gemma 4 form): the output projections' split-K counts at batch 1
 CELLS = {"smollm2 o": (1, 1, 576, False), "smollm2 down": (1, 4, 576, False), "1b o": (1, 16, 2048, False),
          "1b down": (1, 8, 2048, False), "8b o": (1, 1, 4096, False), "1b o, 5 rows": (5, 16, 2048, False),
-         "e4b o": (1, 8, 2560, True)}
+         "e4b o": (1, 8, 2560, True), "e4b down, add only": (1, 8, 2560, True), "8b down": (1, 4, 4096, False)}
+# (tile, num_warps) beside the default's (8192 fp32 a gather, 8 warps)
+VARIANTS = ((8192, 16), (16384, 16), (32768, 16), (32768, 32), (65536, 32))
 
 
 def _old_module():
@@ -50,13 +53,17 @@ def main():
                  "xla": jax.jit(functools.partial(add_rms_norm_reference, eps=1e-6, **form))}
         if old is not None and not gemma4:
             calls["old_kernel"] = jax.jit(functools.partial(old.add_rms_norm_pallas, eps=1e-6))
+        for tile, warps in VARIANTS:
+            calls[f"kernel_t{tile}_w{warps}"] = jax.jit(functools.partial(add_rms_norm_pallas, eps=1e-6, tile=tile,
+                                                                          num_warps=warps, **form))
         calls["kernel2"] = calls["kernel"]  # a control
-        thunks = {n: functools.partial(f, x, parts, w) for n, f in calls.items()}
+        weight = None if name.endswith("add only") else w
+        thunks = {n: functools.partial(f, x, parts, weight) for n, f in calls.items()}
         times = interleaved_gpu_times(thunks, repeats=9)
         cell = result[name] = {n: round(statistics.median(t) * 1e6, 2) if t else None for n, t in times.items()}
         got, want = thunks["kernel"](), thunks["xla"]()
         cell["max_abs_err"] = max(float(jnp.max(jnp.abs(g.astype(jnp.float32) - r.astype(jnp.float32))))
-                                  for g, r in zip(got, want))
+                                  for g, r in zip(got, want) if g is not None)
         print(name, cell, flush=True)
     with open(os.path.join(os.environ.get("OUT", "/tmp"), "add_rms_norm_kernel.json"), "w") as f:
         json.dump(result, f, indent=1)
