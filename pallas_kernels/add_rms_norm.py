@@ -12,6 +12,8 @@ Shapes:
            x and weight); ``FP32_SCALE``: Gemma 4's (scaled in fp32, cast to x's dtype last)
   y_weight [hidden], optional      Gemma 4's post-norm of the product: y is first normed with it
                                    (``norm``'s rounding), then added
+  scale    [1], optional           a factor on the sum before the norm, in x's dtype (Gemma 4's
+                                   ``layer_scalar`` at a layer's end): (x + y) * scale
 
 Between a decoder layer's output projection and its MLP, XLA runs the split sum + residual add +
 sum of squares as one reduction fusion and the scaling as another launch; at decode the fusion
@@ -41,12 +43,14 @@ from pallas_kernels.gather_rows import FP32_SCALE, llama_scaled, rms_norm, rms_n
 _TILE = 32768
 
 
-def _check(x, parts, weight, y_weight, norm):
+def _check(x, parts, weight, y_weight, norm, scale):
     if (parts.ndim != x.ndim + 1 or parts.shape[1:] != x.shape
-            or any(w is not None and w.shape != x.shape[-1:] for w in (weight, y_weight))):
-        raise ValueError(f"add_rms_norm needs parts [splits, *x.shape] and weight [hidden] (y_weight too), got x "
-                         f"{x.shape}, parts {parts.shape}, weight {None if weight is None else weight.shape}, "
-                         f"y_weight {None if y_weight is None else y_weight.shape}")
+            or any(w is not None and w.shape != x.shape[-1:] for w in (weight, y_weight))
+            or (scale is not None and scale.shape != (1,))):
+        raise ValueError(f"add_rms_norm needs parts [splits, *x.shape], weight [hidden] (y_weight too) and scale "
+                         f"[1], got x {x.shape}, parts {parts.shape}, weight {None if weight is None else weight.shape}"
+                         f", y_weight {None if y_weight is None else y_weight.shape}, "
+                         f"scale {None if scale is None else scale.shape}")
     if norm not in (None, FP32_SCALE):
         raise ValueError(f"norm must be None (Llama) or {FP32_SCALE!r} (Gemma 4), got {norm!r}")
 
@@ -61,12 +65,14 @@ def add_parts(x, parts):
     return x + sum_parts(parts, x.dtype)
 
 
-def add_rms_norm_reference(x, parts, weight, eps, *, y_weight=None, norm=None):
+def add_rms_norm_reference(x, parts, weight, eps, *, y_weight=None, norm=None, scale=None):
     """The composition the kernel fuses (see the module docstring)."""
-    _check(x, parts, weight, y_weight, norm)
+    _check(x, parts, weight, y_weight, norm, scale)
     norm_fn = rms_norm if norm is None else rms_norm_fp32_scale
     y = sum_parts(parts, x.dtype)
     x = x + (y if y_weight is None else norm_fn(y, y_weight, eps).astype(x.dtype))
+    if scale is not None:
+        x = x * scale.astype(x.dtype)
     return x, None if weight is None else norm_fn(x, weight, eps)
 
 
@@ -81,10 +87,11 @@ def _inv_rms(chunks, hidden, eps):
     return lax.rsqrt(sum(jnp.sum(c.astype(jnp.float32) ** 2) for c in chunks) / hidden + eps)
 
 
-def _kernel(x_ref, parts_ref, *refs, rows, hidden, chunk, splits, eps, norm, has_weight, post_norm):
+def _kernel(x_ref, parts_ref, *refs, rows, hidden, chunk, splits, eps, norm, has_weight, post_norm, has_scale):
     refs = list(refs)
     w_ref = refs.pop(0) if has_weight else None
     y_w_ref = refs.pop(0) if post_norm else None
+    scale = refs.pop(0)[0].astype(jnp.float32) if has_scale else None
     sum_ref, *normed_ref = refs
     # parts_ref: every row's partials, flat. A row's splits x chunk columns come in one gather, so
     # all its loads are in flight at once; splits x chunk stays <= _TILE fp32 (registers).
@@ -107,6 +114,8 @@ def _kernel(x_ref, parts_ref, *refs, rows, hidden, chunk, splits, eps, norm, has
     for y, off, msk in zip(ys, offsets, masks):
         residual = plgpu.load(x_ref.at[off], mask=msk, other=0)
         out = (residual.astype(jnp.float32) + y.astype(jnp.float32)).astype(dtype)
+        if has_scale:  # two 16-bit factors: their fp32 product is exact, so one rounding as in XLA
+            out = (out.astype(jnp.float32) * scale).astype(dtype)
         plgpu.store(sum_ref.at[off], out, mask=msk)
         summed.append(out)
     if not has_weight:
@@ -127,11 +136,11 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def add_rms_norm_pallas(x, parts, weight, eps, *, y_weight=None, norm=None, tile=_TILE, num_warps=None,
-                        interpret=None):
+def add_rms_norm_pallas(x, parts, weight, eps, *, y_weight=None, norm=None, scale=None, tile=_TILE,
+                        num_warps=None, interpret=None):
     """The kernel: one program per row of ``x``; ``tile``: fp32 elements of the partials one gather
     loads (a power of two)."""
-    _check(x, parts, weight, y_weight, norm)
+    _check(x, parts, weight, y_weight, norm, scale)
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden)
     rows = x2.shape[0]
@@ -139,7 +148,8 @@ def add_rms_norm_pallas(x, parts, weight, eps, *, y_weight=None, norm=None, tile
     chunk = max(16, min(_next_pow2(hidden), tile // _next_pow2(splits)))
     weights = [w for w in (weight, y_weight) if w is not None]
     kernel = functools.partial(_kernel, rows=rows, hidden=hidden, chunk=chunk, splits=splits, eps=float(eps),
-                               norm=norm, has_weight=weight is not None, post_norm=y_weight is not None)
+                               norm=norm, has_weight=weight is not None, post_norm=y_weight is not None,
+                               has_scale=scale is not None)
     row_spec = pl.BlockSpec((None, hidden), lambda r: (r, 0))
     flat = parts.size
     out_shape = [jax.ShapeDtypeStruct((rows, hidden), x.dtype)]
@@ -149,14 +159,15 @@ def add_rms_norm_pallas(x, parts, weight, eps, *, y_weight=None, norm=None, tile
     outs = pl.pallas_call(
         kernel,
         grid=(rows,),
-        in_specs=[row_spec, pl.BlockSpec((flat,), lambda r: (0,))] + [pl.BlockSpec((hidden,), lambda r: (0,))] * len(weights),
+        in_specs=([row_spec, pl.BlockSpec((flat,), lambda r: (0,))] + [pl.BlockSpec((hidden,), lambda r: (0,))] * len(weights)
+                  + [pl.BlockSpec((1,), lambda r: (0,))] * (scale is not None)),
         out_specs=[row_spec] * len(out_shape),
         out_shape=out_shape,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps or _num_warps(chunk * _next_pow2(splits)),
                                              num_stages=1),
         interpret=interpret_mode() if interpret is None else interpret,
         name="jspec_add_rms_norm",
-    )(x2, parts.reshape(flat), *weights)
+    )(x2, parts.reshape(flat), *weights, *([] if scale is None else [scale]))
     out_sum, *out_normed = (out.reshape(x.shape) for out in outs)
     return out_sum, out_normed[0] if out_normed else None
 
@@ -171,13 +182,13 @@ def use_pallas(rows: int, splits: int, hidden: int) -> bool:
     return rows <= 64 and splits * hidden <= (32768 if rows == 1 else 16384)
 
 
-def add_rms_norm(x, parts, weight, eps, *, y_weight=None, norm=None, impl="auto"):
+def add_rms_norm(x, parts, weight, eps, *, y_weight=None, norm=None, scale=None, impl="auto"):
     """Dispatcher: ``(x + y, norm(x + y))`` (see the module docstring); ``weight=None``: ``(x + y,
-    None)``, the add alone (Gemma 4's post-normed MLP output, which no norm follows directly).
+    None)``, the add alone (Gemma 4's post-normed MLP output before its per-layer input branch).
     ``impl="invariant"`` takes the kernel (its sum runs in one fixed order per row)."""
     impl = check_impl(impl, "add_rms_norm")
     rows = x.size // x.shape[-1]
     if impl in ("pallas", "invariant") or (impl == "auto" and on_gpu() and use_pallas(rows, parts.shape[0],
                                                                                           x.shape[-1])):
-        return add_rms_norm_pallas(x, parts, weight, eps, y_weight=y_weight, norm=norm)
-    return add_rms_norm_reference(x, parts, weight, eps, y_weight=y_weight, norm=norm)
+        return add_rms_norm_pallas(x, parts, weight, eps, y_weight=y_weight, norm=norm, scale=scale)
+    return add_rms_norm_reference(x, parts, weight, eps, y_weight=y_weight, norm=norm, scale=scale)

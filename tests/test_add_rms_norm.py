@@ -83,6 +83,29 @@ def test_the_add_alone_without_a_weight():
         np.testing.assert_allclose(np.asarray(x_new), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_a_scale_on_the_sum_before_the_norm(with_weight):
+    """``scale [1]`` (Gemma 4's ``layer_scalar``): ``(x + y) * scale`` in x's dtype, then the norm
+    (the next layer's input norm) of that."""
+    rng = np.random.default_rng(11)
+    x = jnp.asarray(3 * rng.standard_normal((1, 1, 320)), jnp.bfloat16)
+    parts = jnp.asarray(rng.standard_normal((1, 1, 1, 320)), jnp.bfloat16)  # a finished product
+    w, y_w = (jnp.asarray(1 + 0.1 * rng.standard_normal(320), jnp.bfloat16) for _ in range(2))
+    scale = jnp.asarray([0.37], jnp.bfloat16)
+    weight = w if with_weight else None
+    run = jax.jit(lambda x, p, s, impl: add_rms_norm(x, p, weight, 1e-6, y_weight=y_w, norm="fp32_scale", scale=s,
+                                                     impl=impl), static_argnames="impl")
+    (x_new, normed), (x_ref, normed_ref) = run(x, parts, scale, "pallas"), run(x, parts, scale, "xla")
+    unscaled, _ = add_rms_norm_reference(x, parts, None, 1e-6, y_weight=y_w, norm="fp32_scale")
+    np.testing.assert_array_equal(np.asarray(x_ref), np.asarray(unscaled * scale))
+    np.testing.assert_array_equal(np.asarray(x_new), np.asarray(x_ref))  # one part: the same bits
+    if with_weight:
+        np.testing.assert_allclose(np.asarray(normed, np.float32), np.asarray(normed_ref, np.float32),
+                                   atol=4e-2, rtol=1e-2)
+    else:
+        assert normed is None and normed_ref is None
+
+
 def test_reference_is_the_residual_add_then_the_norm():
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((2, 1, 8)), jnp.float32)
@@ -95,13 +118,14 @@ def test_reference_is_the_residual_add_then_the_norm():
     np.testing.assert_allclose(np.asarray(normed), np.asarray(w * want / rms), rtol=1e-5)
 
 
-@pytest.mark.parametrize("bad", ["parts_rank", "parts_shape", "weight"])
+@pytest.mark.parametrize("bad", ["parts_rank", "parts_shape", "weight", "scale"])
 def test_mismatched_shapes_are_named(bad):
     x, parts, w = jnp.zeros((2, 1, 8)), jnp.zeros((3, 2, 1, 8)), jnp.zeros(8)
     parts = {"parts_rank": jnp.zeros((2, 1, 8)), "parts_shape": jnp.zeros((3, 2, 1, 9))}.get(bad, parts)
     w = jnp.zeros(9) if bad == "weight" else w
-    with pytest.raises(ValueError, match="parts \\[splits, \\*x.shape\\] and weight"):
-        add_rms_norm(x, parts, w, 1e-6, impl="pallas")
+    scale = jnp.ones(8) if bad == "scale" else None
+    with pytest.raises(ValueError, match="parts \\[splits, \\*x.shape\\], weight \\[hidden\\]"):
+        add_rms_norm(x, parts, w, 1e-6, scale=scale, impl="pallas")
     with pytest.raises(ValueError, match="norm must be None"):
         add_rms_norm(jnp.zeros((2, 1, 8)), jnp.zeros((3, 2, 1, 8)), jnp.zeros(8), 1e-6, norm="gemma", impl="pallas")
 

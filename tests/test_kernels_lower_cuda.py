@@ -92,6 +92,18 @@ def test_add_rms_norm_without_a_norm_lowers_for_cuda():
     assert triton_kernel_count(text) == 1
 
 
+def test_add_rms_norm_with_a_scale_lowers_for_cuda():
+    """Gemma 4's layer end: the PLE branch's product post-normed, added, times ``layer_scalar``, then
+    the next layer's input norm."""
+    def fn(x, parts, weight, scale):
+        return add_rms_norm_pallas(x, parts, weight, 1e-6, y_weight=weight, norm="fp32_scale", scale=scale,
+                                   interpret=False)
+
+    text = lower_for_cuda(fn, _S((1, 1, 2560), jnp.bfloat16), _S((1, 1, 1, 2560), jnp.bfloat16),
+                          _S((2560,), jnp.bfloat16), _S((1,), jnp.bfloat16))
+    assert triton_kernel_count(text) == 1
+
+
 # --- skinny matmul (pallas_kernels/skinny_matmul.py) ---------------------------------------
 
 @pytest.mark.parametrize(

@@ -29,7 +29,6 @@ import jax
 import jax.numpy as jnp
 
 from jspec.layers import linear
-from jspec.layers import rms_norm_fp32_scale as rms_norm
 from jspec.models import gemma4
 from jspec.models.base import lm_head, random_matrix
 from jspec.models.gemma4 import FULL, SLIDING, Gemma4Config
@@ -140,12 +139,15 @@ def assistant_step(assistant: Assistant, target_embed, tokens, hidden, kv: Froze
     c = dataclasses.replace(a.model.config, sliding_window=kv.sliding_rows)
     # The mask is anchored at the last committed row, whatever the RoPE position.
     anchor = jnp.broadcast_to((kv.lengths - 1)[:, None], tokens.shape)
-    for i, layer in enumerate(a.model.layers):
+    # Each layer's last add also norms its output for the next layer, the last one's for the head.
+    next_norms = [layer.attn_norm for layer in a.model.layers[1:]] + [a.model.final_norm]
+    y = None
+    for i, (layer, next_norm) in enumerate(zip(a.model.layers, next_norms)):
         kind = c.layer_types[i]
-        x, _, _ = decoder_layer(
-            layer, c, i, x, kv.k[kind], kv.v[kind], kv.lengths, anchor, *kv.rope[kind], None, impl=impl
+        x, y, _, _ = decoder_layer(
+            layer, c, i, x, kv.k[kind], kv.v[kind], kv.lengths, anchor, *kv.rope[kind], None, attn_input=y,
+            next_norm=next_norm, impl=impl,
         )
-    y = rms_norm(x, a.model.final_norm, c.rms_norm_eps, impl=impl)
     y = y if branched else y[:, 0]
     return y, linear(y, a.post_projection, impl=impl)
 

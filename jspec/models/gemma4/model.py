@@ -174,35 +174,46 @@ def attention(
 
 def decoder_layer(
     layer: Layer, c: Gemma4Config, index: int, x, k_buf, v_buf, kv_lengths, positions, cos, sin, per_layer_input,
-    *, tree_mask=None, impl="auto", parallel=None,
+    *, attn_input=None, next_norm=None, tree_mask=None, impl="auto", parallel=None,
 ):
     """Layer ``index`` on the residual stream ``x [batch, T, hidden]``; ``per_layer_input
     [batch, T, P]`` or None without PLE; ``kv_lengths``, ``tree_mask`` and ``parallel`` as for
-    ``attention``. Returns ``(x, k_buf, v_buf)``."""
+    ``attention``. ``attn_input``: ``norm(x, layer.attn_norm)`` if the caller has it (the previous
+    layer's ``next_norm``); ``next_norm [hidden]``: the norm whose output the next consumer takes
+    (the next layer's input norm, or the final norm). Returns ``(x, next_input, k_buf, v_buf)``,
+    ``next_input`` that norm of the new x (None without ``next_norm``)."""
     eps = c.rms_norm_eps
-    # Where kernels fuse, the output projection's split-K partials, its post-norm, the residual add
-    # and the MLP's norm are one launch (jspec.layers.add_rms_norm); the MLP's partials, its
-    # post-norm and the add another.
+    # Where kernels fuse, each branch's output projection leaves split-K partials and one launch
+    # post-norms their sum, adds it to x and norms the result for the next consumer
+    # (jspec.layers.add_rms_norm); the layer's last one also applies layer_scalar.
     fused = fuses_around_kernels(impl, parallel)
+    add_branch = functools.partial(_add_branch, eps=eps, fused=fused, impl=impl)
+    h = rms_norm(x, layer.attn_norm, eps, impl=impl) if attn_input is None else attn_input
     attn_out, k_buf, v_buf = attention(
-        layer, c, index, rms_norm(x, layer.attn_norm, eps, impl=impl), positions, cos, sin, k_buf, v_buf,
-        kv_lengths, tree_mask=tree_mask, impl=impl, parallel=parallel, split_parts=fused,
+        layer, c, index, h, positions, cos, sin, k_buf, v_buf, kv_lengths, tree_mask=tree_mask, impl=impl,
+        parallel=parallel, split_parts=fused,
     )
-    if fused:
-        x, h = add_rms_norm(x, attn_out, layer.mlp_norm, eps, y_weight=layer.post_attn_norm, norm=FP32_SCALE,
-                            impl=impl)
-    else:
-        x = x + rms_norm(attn_out, layer.post_attn_norm, eps, impl=impl)
-        h = rms_norm(x, layer.mlp_norm, eps, impl=impl)
-    mlp_out = gated_mlp(h, layer.gate_up, layer.down, gelu_tanh, impl=impl, parallel=parallel, split_parts=fused)
-    if fused:
-        x, _ = add_rms_norm(x, mlp_out, None, eps, y_weight=layer.post_mlp_norm, norm=FP32_SCALE, impl=impl)
-    else:
-        x = x + rms_norm(mlp_out, layer.post_mlp_norm, eps, impl=impl)
+    x, h = add_branch(x, attn_out, layer.post_attn_norm, layer.mlp_norm)
+    branch = gated_mlp(h, layer.gate_up, layer.down, gelu_tanh, impl=impl, parallel=parallel, split_parts=fused)
+    branch_norm = layer.post_mlp_norm
     if per_layer_input is not None:
+        x, _ = add_branch(x, branch, branch_norm, None)
         gated = gelu_tanh(linear(x, layer.ple_gate, impl=impl)) * per_layer_input
-        x = x + rms_norm(linear(gated, layer.ple_proj, impl=impl), layer.ple_norm, eps, impl=impl)
-    return x * layer.layer_scalar.astype(x.dtype), k_buf, v_buf
+        branch, branch_norm = linear(gated, layer.ple_proj, impl=impl, split_parts=fused), layer.ple_norm
+    x, next_input = add_branch(x, branch, branch_norm, next_norm, scale=layer.layer_scalar)
+    return x, next_input, k_buf, v_buf
+
+
+def _add_branch(x, branch, post_norm, next_norm, *, eps, fused, impl, scale=None):
+    """``x + post_norm(branch)`` (times ``scale [1]``) and ``next_norm`` of that (None without it):
+    one kernel from ``branch``'s split-K partials where kernels fuse, XLA's ops on the product
+    elsewhere."""
+    if fused:
+        return add_rms_norm(x, branch, next_norm, eps, y_weight=post_norm, norm=FP32_SCALE, scale=scale, impl=impl)
+    x = x + rms_norm(branch, post_norm, eps, impl=impl)
+    if scale is not None:
+        x = x * scale.astype(x.dtype)
+    return x, None if next_norm is None else rms_norm(x, next_norm, eps, impl=impl)
 
 
 def forward(
@@ -251,23 +262,29 @@ def forward(
     residuals = {}
     kv_lengths = kv.lengths + num_rows
     k_bufs, v_bufs = list(kv.k), list(kv.v)
+    wants_normed = capture.final_normed or (compute_logits and logits_rows is None)
+    # Each layer's last add also norms its output for the next layer (or the final norm): one launch
+    # where kernels fuse. Not before the rows are cut (the cut takes x's rows, not the normed ones).
+    next_norms = [layer.attn_norm if i != keep_head_rows_at else None for i, layer in enumerate(model.layers)][1:]
+    next_norms.append(model.final_norm if wants_normed else None)
+    h = None  # this layer's normed input, from the previous layer's last add
     for i, layer in enumerate(model.layers):
         if i in capture.residuals:
             residuals[i] = x
         if i == keep_head_rows_at:
             x, positions, rope, ple = _keep_rows(head_rows, x, positions, rope, ple, impl=impl)
         src = c.kv_source(i)
-        x, k_bufs[src], v_bufs[src] = decoder_layer(
+        x, h, k_bufs[src], v_bufs[src] = decoder_layer(
             layer, c, i, x, k_bufs[src], v_bufs[src], kv_lengths, positions, *rope[c.layer_types[i]],
-            None if ple is None else ple[:, :, i], tree_mask=tree_mask, impl=impl,
-            parallel=model.tensor_parallel,
+            None if ple is None else ple[:, :, i], attn_input=h, next_norm=next_norms[i],
+            tree_mask=tree_mask, impl=impl, parallel=model.tensor_parallel,
         )
     residuals[c.num_layers] = x
     features = tuple(residuals[i] for i in capture.residuals)
 
     normed = None
-    if capture.final_normed or (compute_logits and logits_rows is None):
-        normed = rms_norm(x, model.final_norm, c.rms_norm_eps, impl=impl)
+    if wants_normed:
+        normed = rms_norm(x, model.final_norm, c.rms_norm_eps, impl=impl) if h is None else h
         features += (normed,) if capture.final_normed else ()
     if not compute_logits:
         logits = None
