@@ -25,8 +25,11 @@ from pallas_kernels.add_rms_norm import add_rms_norm_pallas, add_rms_norm_refere
 # name: (rows, splits, hidden, Gemma 4 form): the output projections' split-K counts at batch 1
 CELLS = {"smollm2 o": (1, 1, 576, False), "smollm2 down": (1, 4, 576, False), "1b o": (1, 16, 2048, False),
          "1b down": (1, 8, 2048, False), "8b o": (1, 1, 4096, False), "1b o, 5 rows": (5, 16, 2048, False),
-         "e4b o": (1, 8, 2560, True), "e4b down, add only": (1, 8, 2560, True), "8b down": (1, 4, 4096, False)}
-# (tile, num_warps) beside the default's (8192 fp32 a gather, 8 warps)
+         "e4b o": (1, 8, 2560, True), "e4b down, add only": (1, 16, 2560, True), "8b down": (1, 4, 4096, False),
+         "e4b o full": (1, 16, 2560, True), "e4b layer end": (1, 1, 2560, True)}
+# "add only": no norm after the add (weight=None); "layer end": Gemma 4's PLE branch product (bf16,
+# one part) post-normed, added, times layer_scalar, then the next layer's input norm
+# (tile, num_warps) beside the default (32768 fp32 a gather, warps by its size)
 VARIANTS = ((8192, 16), (16384, 16), (32768, 16), (32768, 32), (65536, 32))
 
 
@@ -46,9 +49,12 @@ def main():
     result = {}
     for name, (rows, splits, hidden, gemma4) in CELLS.items():
         x = jnp.asarray(rng.standard_normal((1, rows, hidden)), jnp.bfloat16)
-        parts = jnp.asarray(rng.standard_normal((splits, 1, rows, hidden)), jnp.float32)
+        layer_end = name.endswith("layer end")
+        parts = jnp.asarray(rng.standard_normal((splits, 1, rows, hidden)), jnp.bfloat16 if layer_end else jnp.float32)
         w = jnp.asarray(1 + 0.1 * rng.standard_normal(hidden), jnp.bfloat16)
         form = dict(y_weight=w, norm="fp32_scale") if gemma4 else {}
+        if layer_end:
+            form["scale"] = jnp.asarray([0.5], jnp.bfloat16)
         calls = {"kernel": jax.jit(functools.partial(add_rms_norm_pallas, eps=1e-6, **form)),
                  "xla": jax.jit(functools.partial(add_rms_norm_reference, eps=1e-6, **form))}
         if old is not None and not gemma4:
