@@ -151,6 +151,10 @@ def add_rms_norm_pallas(x, parts, weight, eps, *, y_weight=None, norm=None, scal
                                norm=norm, has_weight=weight is not None, post_norm=y_weight is not None,
                                has_scale=scale is not None)
     row_spec = pl.BlockSpec((None, hidden), lambda r: (r, 0))
+
+    def vector_spec(size):  # the whole vector in every program
+        return pl.BlockSpec((size,), lambda r: (0,))
+
     flat = parts.size
     out_shape = [jax.ShapeDtypeStruct((rows, hidden), x.dtype)]
     if weight is not None:
@@ -159,8 +163,8 @@ def add_rms_norm_pallas(x, parts, weight, eps, *, y_weight=None, norm=None, scal
     outs = pl.pallas_call(
         kernel,
         grid=(rows,),
-        in_specs=([row_spec, pl.BlockSpec((flat,), lambda r: (0,))] + [pl.BlockSpec((hidden,), lambda r: (0,))] * len(weights)
-                  + [pl.BlockSpec((1,), lambda r: (0,))] * (scale is not None)),
+        in_specs=[row_spec, pl.BlockSpec((flat,), lambda r: (0,)), *[vector_spec(hidden)] * len(weights),
+                  *[vector_spec(1)] * (scale is not None)],
         out_specs=[row_spec] * len(out_shape),
         out_shape=out_shape,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps or _num_warps(chunk * _next_pow2(splits)),
