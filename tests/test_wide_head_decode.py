@@ -142,8 +142,11 @@ def test_the_one_launch_merge_matches_its_reference(batch, num_kv_heads, tiles, 
 
 
 def test_the_merge_names_partials_of_the_wrong_shape():
-    with pytest.raises(ValueError, match="partials"):
-        merge_splits(jnp.zeros((1, 2, 3, 32, 512)), jnp.zeros((1, 2, 3, 32)), num_q=1, num_kv_heads=2, group=8,
+    with pytest.raises(ValueError, match="partials"):  # tile rows not a multiple of 8
+        merge_splits(jnp.zeros((1, 2, 3, 12, 512)), jnp.zeros((1, 2, 3, 12)), num_q=1, num_kv_heads=2, group=8,
+                     dtype=jnp.bfloat16)
+    with pytest.raises(ValueError, match="do not fit"):
+        merge_splits(jnp.zeros((1, 2, 3, 32, 512)), jnp.zeros((1, 2, 3, 32)), num_q=5, num_kv_heads=2, group=8,
                      dtype=jnp.bfloat16)
 
 

@@ -1,0 +1,271 @@
+"""Wide-head decode attention with the query rows on WGMMA's N axis (Mosaic GPU, Hopper).
+
+Same shapes, visibility rule and outputs as :func:`pallas_kernels.wide_head_decode.decode_attention_wide`.
+That kernel puts the query rows x GQA group on WGMMA's M axis in tiles of 64: at 72 rows (Gemma 4
+31B verifying 8 drafts) a second tile carries 8 real rows, yet runs the whole per-block chain on an
+SM of its own, and both tiles stream the same K/V (0.74 of copy bandwidth at 268 MB). Here the
+products are transposed so that all the rows (up to 256, a multiple of 8) are one N:
+
+* ``s^T [64 keys, rows] = K [64, head_dim] @ q^T``: K's block straight from the ring as WGMMA's A,
+  q (held in shared memory for the whole call, as there) as a transposed B. Each consumer
+  warpgroup computes the block's scores over the whole head_dim;
+* the softmax runs down the keys (axis 0, across the warpgroup's warps), keeping a max and a sum
+  per row;
+* ``out^T [256 columns, rows] += V^T @ p^T``: each consumer owns 256 of head_dim's columns, its V
+  chunk transposed as A, ``p^T`` through shared memory as B (stored transposed: ``p [rows, 64]``).
+
+One CTA per (KV head, split, sequence) streams each K/V byte once; 64-key blocks in 256-column
+chunks through the same producer ring as the M-axis kernel. The output (transposed back through q's
+shared memory) and the base-2 log-sum-exps go to the same split merge.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from pallas_kernels._dispatch import interpret_mode
+from pallas_kernels.split_kv import _MASK_VALUE
+from pallas_kernels.wide_head_merge import merge_splits
+from pallas_kernels.wide_head_tiling import COLUMNS, NUM_SMS, SMEM_BYTES
+
+BLOCK_KV = 64  # keys per block: WGMMA's M
+MAX_ROWS = 256  # WGMMA's largest N
+
+
+def padded_rows(num_q, num_q_heads, num_kv_heads) -> int:
+    """Query rows x GQA group, rounded up to WGMMA's N granularity (8)."""
+    return pl.cdiv(num_q * (num_q_heads // num_kv_heads), 8) * 8
+
+
+def supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype) -> bool:
+    """Whether these shapes fit the kernel (it raises otherwise)."""
+    return (head_dim % COLUMNS == 0 and max_len % BLOCK_KV == 0
+            and padded_rows(num_q, num_q_heads, num_kv_heads) <= MAX_ROWS
+            and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)))
+
+
+def default_splits(batch, num_kv_heads, max_len) -> int:
+    """About one CTA per SM, at least 4 blocks per split."""
+    return max(1, min(NUM_SMS // (batch * num_kv_heads), max_len // BLOCK_KV // 4))
+
+
+def _accumulate(acc, a, b, interpret):
+    """``acc + a @ b`` on the tensor cores, both operands in shared memory. The interpreter runs
+    WGMMA only on a fresh accumulator: there the product is added in registers."""
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    if interpret:
+        def product(acc_ref):
+            plgpu.wgmma(acc_ref, a, b)
+            return acc_ref[...]
+
+        return acc + pl.run_scoped(product, plgpu.ACC(acc.shape, jnp.float32))
+
+    def accumulate(acc_ref):
+        plgpu.wgmma(acc_ref, a, b)
+
+    return pl.run_state(accumulate)(plgpu.ACC.init(acc))
+
+
+def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, slots=None, k_splits=None,
+                             interpret=None):
+    """``q [batch, num_q, num_q_heads, head_dim]``, ``k, v [batch, num_kv_heads, max_len, head_dim]``,
+    ``kv_lengths [batch]``, ``q_positions [batch, num_q]`` -> ``[batch, num_q, num_q_heads, head_dim]``.
+
+    Needs head_dim a multiple of 256, ``max_len`` a multiple of 64, a 16-bit cache and num_q x GQA
+    group <= 256. ``slots``: K/V chunks in the ring (a block's 2 x head_dim / 256 at least; default:
+    all that fit); ``k_splits``: see :func:`default_splits`.
+    """
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    batch, num_q, num_q_heads, head_dim = q.shape
+    _, num_kv_heads, max_len, _ = k.shape
+    group = num_q_heads // num_kv_heads
+    rows = num_q * group
+    rows_pad = padded_rows(num_q, num_q_heads, num_kv_heads)
+    if not supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, k.dtype):
+        raise ValueError(
+            f"decode_attention_swapped needs head_dim a multiple of {COLUMNS} (got {head_dim}), max_len a multiple "
+            f"of {BLOCK_KV} (got {max_len}), at most {MAX_ROWS} query rows x GQA group (got {rows}) and a 16-bit "
+            f"cache (got {k.dtype})")
+    interpret = interpret_mode() if interpret is None else interpret
+    dtype = k.dtype
+    consumers = head_dim // COLUMNS
+    chunks = 2 * consumers  # per K/V block: K's column chunks, then V's
+    n_blocks = max_len // BLOCK_KV
+    # q (then the output), each consumer's p, the log-sum-exps (1 KiB-aligned allocations), barriers
+    free_bytes = (SMEM_BYTES - rows_pad * head_dim * dtype.itemsize - consumers * rows_pad * BLOCK_KV * dtype.itemsize
+                  - 2 * 1024 - 256)
+    most = free_bytes // (BLOCK_KV * COLUMNS * dtype.itemsize)
+    slots = most if slots is None else slots
+    if not chunks <= slots <= most:
+        raise ValueError(f"slots={slots}: the K/V ring holds one block's {chunks} chunks at least, and at most the "
+                         f"{most} chunks of {BLOCK_KV} x {COLUMNS} that fit beside q and p at {rows} rows")
+    k_splits = k_splits or default_splits(batch, num_kv_heads, max_len)
+    blocks_per_split = pl.cdiv(n_blocks, k_splits)
+    k_splits = pl.cdiv(n_blocks, blocks_per_split)
+    scale = head_dim**-0.5 if scale is None else scale
+    logit_scale = float(scale) * math.log2(math.e)
+
+    q_in_place = group % 8 == 0  # whole 8-row smem tiles: one TMA copy per query's group
+    if q_in_place:
+        q_rows = q.astype(dtype).reshape(batch, num_q, num_kv_heads, group, head_dim)
+    else:
+        q_rows = q.astype(dtype).reshape(batch, num_q, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
+        q_rows = jnp.pad(q_rows.reshape(batch, num_kv_heads, rows, head_dim),
+                         ((0, 0), (0, 0), (0, rows_pad - rows), (0, 0)))
+    lengths, positions = kv_lengths.astype(jnp.int32), q_positions.astype(jnp.int32)
+
+    swizzle = 128
+    wgmma_layout = plgpu.Layout.WGMMA
+    column_layout = wgmma_layout.reduce(0)  # one value per query row (the accumulators' N axis)
+    copy_layout = plgpu.Layout.SMEM_GMEM_COPY((BLOCK_KV, COLUMNS), dtype, swizzle)
+
+    def kernel(q_ref, k_ref, v_ref, length_ref, position_ref, out_ref, lse_ref, scratch):
+        h, split, b, wg = (lax.axis_index(name) for name in ("heads", "split", "batch", "wg"))
+        (q_smem, ring, p_smem, lse_smem), (q_ready, ready), (free, done) = scratch
+        length = jnp.clip(length_ref[b], 0, max_len)
+        limits = [jnp.maximum(jnp.minimum(length, position_ref[b, i] + 1), 0) for i in range(num_q)]
+        lowest, highest = functools.reduce(jnp.minimum, limits), functools.reduce(jnp.maximum, limits)
+        first = split * blocks_per_split
+        end = jnp.minimum(first + blocks_per_split, pl.cdiv(highest, BLOCK_KV))
+
+        def consumer(c):
+            plgpu.set_max_registers(232, action="increase")
+            plgpu.barrier_wait(q_ready.at[0])
+            row_limit = limits[-1]  # padding rows take the last query's limit: the range stays the queries'
+            if num_q > 1:
+                row_query = plgpu.broadcasted_iota(jnp.int32, (rows_pad,), 0, layout=column_layout) // group
+                row_limit = functools.reduce(lambda acc, i: jnp.where(row_query == i, limits[i], acc),
+                                             range(num_q - 2, -1, -1), row_limit)
+            m = plgpu.layout_cast(jnp.full((rows_pad,), _MASK_VALUE, jnp.float32), column_layout)
+            l = plgpu.layout_cast(jnp.zeros((rows_pad,), jnp.float32), column_layout)
+            acc = plgpu.layout_cast(jnp.zeros((COLUMNS, rows_pad), jnp.float32), wgmma_layout)
+            for slot in range(slots):
+                plgpu.barrier_arrive(free.at[slot])
+
+            def step(block, carry):
+                acc, m, l = carry
+                slot = [lax.rem((block - first) * chunks + j, slots) for j in range(chunks)]
+                start = block * BLOCK_KV
+                for j in range(consumers):
+                    plgpu.barrier_wait(ready.at[slot[j]])
+
+                def scores(acc_ref):
+                    for j in range(consumers):
+                        plgpu.wgmma(acc_ref, ring.at[slot[j]], q_smem[j].transpose((1, 0)))
+                    return acc_ref[...]
+
+                s = pl.run_scoped(scores, plgpu.ACC((BLOCK_KV, rows_pad), jnp.float32))  # [keys, rows]
+                for j in range(consumers):
+                    plgpu.barrier_arrive(free.at[slot[j]])
+                s = s * logit_scale
+
+                def mask(s):  # -inf: a row that sees nothing here keeps p = 0
+                    keys = start + plgpu.broadcasted_iota(jnp.int32, s.shape, 0, layout=wgmma_layout)
+                    limit = row_limit if num_q == 1 else lax.broadcast_in_dim(row_limit, s.shape, [1])
+                    return jnp.where(keys < limit, s, -jnp.inf)
+
+                s = lax.cond(start + BLOCK_KV > lowest, mask, lambda s: s, s)
+                m_new = jnp.maximum(m, s.max(axis=0))
+                alpha = jnp.exp2(m - m_new)
+                p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
+                l = l * alpha + p.sum(axis=0)
+                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
+                p_smem[c].transpose((1, 0))[...] = p.astype(dtype)
+                plgpu.commit_smem()
+                for j in range(consumers):  # every consumer passes every V chunk's barriers, in order
+                    plgpu.barrier_wait(ready.at[slot[consumers + j]])
+                    if j != c:
+                        plgpu.barrier_arrive(free.at[slot[consumers + j]])
+                v_tile = ring.at[slot[consumers + c]]
+
+                @pl.when(start + BLOCK_KV > length)
+                def _zero_rows_past_length():  # p is 0 there, but 0 * NaN is not
+                    tile = plgpu.load(v_tile, layout=copy_layout)
+                    r = plgpu.broadcasted_iota(jnp.int32, tile.shape, 0, layout=copy_layout)
+                    v_tile[...] = jnp.where(start + r < length, tile, jnp.zeros_like(tile))
+                    plgpu.commit_smem()
+
+                acc = _accumulate(acc, v_tile.transpose((1, 0)), p_smem[c].transpose((1, 0)), interpret)
+                plgpu.barrier_arrive(free.at[slot[consumers + c]])
+                return acc, m_new, l
+
+            acc, m, l = lax.fori_loop(first, end, step, (acc, m, l))
+            # Every consumer is past its last read of q_smem, which now takes the output.
+            plgpu.barrier_arrive(done.at[0])
+            plgpu.barrier_wait(done.at[0])
+            l_safe = jnp.where(l > 0, l, jnp.ones_like(l))  # a split that saw nothing writes zeros
+            out = acc * lax.broadcast_in_dim(1.0 / l_safe, acc.shape, [1])
+            q_smem[c].transpose((1, 0))[...] = out.astype(dtype)
+            if c == 0 and k_splits > 1:
+                lse_smem[...] = jnp.where(l > 0, m + jnp.log2(l_safe), -jnp.inf)
+            plgpu.commit_smem()
+            out_tile = out_ref.at[b, h] if k_splits == 1 else out_ref.at[b, h, split]
+            plgpu.copy_smem_to_gmem(q_smem[c], out_tile.at[:, pl.ds(c * COLUMNS, COLUMNS)])
+            if c == 0 and k_splits > 1:
+                plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, h, split])
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+        for c in range(consumers):
+            pl.when(wg == c)(functools.partial(consumer, c))
+
+        @pl.when(wg == consumers)
+        def _producer():
+            plgpu.set_max_registers(40, action="decrease")
+            for j in range(consumers):
+                columns = pl.ds(j * COLUMNS, COLUMNS)
+                if not q_in_place:
+                    plgpu.copy_gmem_to_smem(q_ref.at[b, h, :, columns], q_smem[j], q_ready.at[0])
+                    continue
+                for i in range(num_q):
+                    plgpu.copy_gmem_to_smem(q_ref.at[b, i, h, :, columns], q_smem[j].at[pl.ds(i * group, group)],
+                                            q_ready.at[0])
+
+            @pl.loop(first, end)
+            def _stream(block):
+                keys = pl.ds(block * BLOCK_KV, BLOCK_KV)
+                for j in range(chunks):
+                    slot = lax.rem((block - first) * chunks + j, slots)
+                    plgpu.barrier_wait(free.at[slot])
+                    source = (k_ref, v_ref)[j // consumers].at[b, h, keys, pl.ds(j % consumers * COLUMNS, COLUMNS)]
+                    plgpu.copy_gmem_to_smem(source, ring.at[slot], ready.at[slot])
+
+    def entry(*refs):
+        swizzled = (plgpu.TilingTransform((8, swizzle // dtype.itemsize)), plgpu.SwizzleTransform(swizzle))
+        copies = consumers * (1 if not q_in_place else num_q)
+        pl.run_scoped(
+            lambda *scratch: kernel(*refs, scratch),
+            ([plgpu.SMEM((rows_pad, COLUMNS), dtype, transforms=swizzled)] * consumers,
+             plgpu.SMEM((slots, BLOCK_KV, COLUMNS), dtype, transforms=swizzled),
+             [plgpu.SMEM((rows_pad, BLOCK_KV), dtype, transforms=swizzled)] * consumers,
+             plgpu.SMEM((rows_pad,), jnp.float32)),
+            (plgpu.Barrier(num_arrivals=copies, num_barriers=1), plgpu.Barrier(num_barriers=slots)),
+            (plgpu.Barrier(num_arrivals=consumers, num_barriers=slots),
+             plgpu.Barrier(num_arrivals=consumers, num_barriers=1)),
+            collective_axes="wg",
+        )
+
+    if k_splits == 1:
+        out_type = [jax.ShapeDtypeStruct((batch, num_kv_heads, rows_pad, head_dim), dtype),
+                    jax.ShapeDtypeStruct((1,), jnp.float32)]
+    else:
+        out_type = [jax.ShapeDtypeStruct((batch, num_kv_heads, k_splits, rows_pad, head_dim), dtype),
+                    jax.ShapeDtypeStruct((batch, num_kv_heads, k_splits, rows_pad), jnp.float32)]
+    out, lse = plgpu.kernel(
+        entry, out_type=out_type, grid=(num_kv_heads, k_splits, batch), grid_names=("heads", "split", "batch"),
+        num_threads=consumers + 1, thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        interpret=plgpu.InterpretGPUParams() if interpret else None,
+    )(q_rows, k, v, lengths, positions)
+    if k_splits == 1:
+        out = out[:, :, :rows].reshape(batch, num_kv_heads, num_q, group, head_dim).transpose(0, 2, 1, 3, 4)
+        return out.astype(q.dtype).reshape(batch, num_q, num_q_heads, head_dim)
+    return merge_splits(out, lse, num_q=num_q, num_kv_heads=num_kv_heads, group=group, dtype=q.dtype,
+                        interpret=interpret)
