@@ -40,6 +40,7 @@ from pallas_kernels.wide_head_tiling import COLUMNS, NUM_SMS, SMEM_BYTES
 
 BLOCK_KV = 64  # keys per block: WGMMA's M
 MAX_ROWS = 256  # WGMMA's largest N
+REDUCTION_SCRATCH = 2048  # shared memory bytes for the softmax's reductions across a warpgroup's warps
 
 
 def padded_rows(num_q, num_q_heads, num_kv_heads) -> int:
@@ -109,9 +110,10 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, co
     column_groups = k_chunks // consumers  # CTAs of a cluster, each owning consumers x 256 output columns
     chunks = k_chunks + consumers  # per K/V block: K's column chunks, then the CTA's V chunks
     n_blocks = max_len // BLOCK_KV
-    # q (then the output), each consumer's p, the log-sum-exps (1 KiB-aligned allocations), barriers
+    # q (then the output), each consumer's p, the log-sum-exps (1 KiB-aligned allocations), barriers,
+    # the reductions' scratch
     free_bytes = (SMEM_BYTES - rows_pad * head_dim * dtype.itemsize - consumers * rows_pad * BLOCK_KV * dtype.itemsize
-                  - 2 * 1024 - 256)
+                  - 2 * 1024 - 256 - REDUCTION_SCRATCH)
     most = free_bytes // (BLOCK_KV * COLUMNS * dtype.itemsize)
     slots = most if slots is None else slots
     if not chunks <= slots <= most:
@@ -283,7 +285,7 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, co
     out, lse = plgpu.kernel(
         entry, out_type=out_type, grid=(num_kv_heads * (1 if clustered else column_groups), k_splits, batch),
         grid_names=("heads", "split", "batch"), **clusters, num_threads=consumers + 1, thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True),
+        compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=REDUCTION_SCRATCH),
         interpret=plgpu.InterpretGPUParams() if interpret else None,
     )(q_rows, k, v, lengths, positions)
     if k_splits == 1:
