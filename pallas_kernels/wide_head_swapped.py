@@ -35,6 +35,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels._dispatch import interpret_mode
 from pallas_kernels.split_kv import _MASK_VALUE
+from pallas_kernels.wide_head_decode import accumulate, copy_queries, query_rows, zero_rows_past_length
 from pallas_kernels.wide_head_merge import merge_splits
 from pallas_kernels.wide_head_tiling import COLUMNS, NUM_SMS, SMEM_BYTES
 
@@ -58,24 +59,6 @@ def supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype) -> bool
 def default_splits(batch, num_kv_heads, max_len) -> int:
     """About one CTA per SM, at least 4 blocks per split."""
     return max(1, min(NUM_SMS // (batch * num_kv_heads), max_len // BLOCK_KV // 4))
-
-
-def _accumulate(acc, a, b, interpret):
-    """``acc + a @ b`` on the tensor cores, both operands in shared memory. The interpreter runs
-    WGMMA only on a fresh accumulator: there the product is added in registers."""
-    import jax.experimental.pallas.mosaic_gpu as plgpu
-
-    if interpret:
-        def product(acc_ref):
-            plgpu.wgmma(acc_ref, a, b)
-            return acc_ref[...]
-
-        return acc + pl.run_scoped(product, plgpu.ACC(acc.shape, jnp.float32))
-
-    def accumulate(acc_ref):
-        plgpu.wgmma(acc_ref, a, b)
-
-    return pl.run_state(accumulate)(plgpu.ACC.init(acc))
 
 
 def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, consumers=None, slots=None,
@@ -129,9 +112,7 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, co
     if q_in_place:
         q_rows = q.astype(dtype).reshape(batch, num_q, num_kv_heads, group, head_dim)
     else:
-        q_rows = q.astype(dtype).reshape(batch, num_q, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
-        q_rows = jnp.pad(q_rows.reshape(batch, num_kv_heads, rows, head_dim),
-                         ((0, 0), (0, 0), (0, rows_pad - rows), (0, 0)))
+        q_rows = query_rows(q, dtype, num_kv_heads, rows_pad)
     lengths, positions = kv_lengths.astype(jnp.int32), q_positions.astype(jnp.int32)
 
     swizzle = 128
@@ -207,14 +188,9 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, co
                         plgpu.barrier_arrive(free.at[slot[k_chunks + j]])
                 v_tile = ring.at[slot[k_chunks + c]]
 
-                @pl.when(start + BLOCK_KV > length)
-                def _zero_rows_past_length():  # p is 0 there, but 0 * NaN is not
-                    tile = plgpu.load(v_tile, layout=copy_layout)
-                    r = plgpu.broadcasted_iota(jnp.int32, tile.shape, 0, layout=copy_layout)
-                    v_tile[...] = jnp.where(start + r < length, tile, jnp.zeros_like(tile))
-                    plgpu.commit_smem()
-
-                acc = _accumulate(acc, v_tile.transpose((1, 0)), p_smem[c].transpose((1, 0)), interpret)
+                pl.when(start + BLOCK_KV > length)(
+                    functools.partial(zero_rows_past_length, v_tile, start, length, copy_layout))
+                acc = accumulate(acc, v_tile.transpose((1, 0)), p_smem[c].transpose((1, 0)), interpret=interpret)
                 plgpu.barrier_arrive(free.at[slot[k_chunks + c]])
                 return acc, m_new, l
 
@@ -241,14 +217,8 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, co
         @pl.when(wg == consumers)
         def _producer():
             plgpu.set_max_registers(40, action="decrease")
-            for j in range(k_chunks):
-                columns = pl.ds(j * COLUMNS, COLUMNS)
-                if not q_in_place:
-                    plgpu.copy_gmem_to_smem(q_ref.at[b, h, :, columns], q_smem[j], q_ready.at[0])
-                    continue
-                for i in range(num_q):
-                    plgpu.copy_gmem_to_smem(q_ref.at[b, i, h, :, columns], q_smem[j].at[pl.ds(i * group, group)],
-                                            q_ready.at[0])
+            copy_queries(q_ref, q_smem, q_ready.at[0], b=b, head=h, prepared=h,
+                         queries=range(num_q) if q_in_place else None, group=group)
 
             @pl.loop(first, end)
             def _stream(block):

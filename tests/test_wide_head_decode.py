@@ -52,14 +52,19 @@ CASES = [  # (name, shapes, kernel kwargs)
 ]
 
 
-@pytest.mark.parametrize("name, shapes, kernel_kw", CASES, ids=[c[0] for c in CASES])
-def test_kernel_matches_the_reference(name, shapes, kernel_kw):
+def check_against_the_reference(kernel, name, shapes, kernel_kw):
+    """``kernel`` (the signature of :func:`decode_attention_wide`) on a NaN-poisoned ragged case."""
     q, k, v, lengths, positions = _case(hash(name) % 1000, **shapes)
-    got = decode_attention_wide(q, k, v, lengths, q_positions=positions, **kernel_kw)
+    got = kernel(q, k, v, lengths, q_positions=positions, **kernel_kw)
     want = decode_attention_reference(q, k, v, lengths, q_positions=positions)
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("name, shapes, kernel_kw", CASES, ids=[c[0] for c in CASES])
+def test_kernel_matches_the_reference(name, shapes, kernel_kw):
+    check_against_the_reference(decode_attention_wide, name, shapes, kernel_kw)
 
 
 def test_a_query_that_sees_nothing_gets_zeros():

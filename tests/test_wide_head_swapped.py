@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
-from pallas_kernels.decode_attention import decode_attention_reference
 from pallas_kernels.wide_head_swapped import decode_attention_swapped, default_splits, padded_rows, supports
-from tests.test_wide_head_decode import _case
+from tests.test_wide_head_decode import _case, check_against_the_reference
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu" and jax.__version_info__ < (0, 12),
                                 reason="the Mosaic GPU interpreter needs jax >= 0.12")
@@ -34,12 +32,7 @@ CASES = [  # (name, shapes, kernel kwargs)
 
 @pytest.mark.parametrize("name, shapes, kernel_kw", CASES, ids=[c[0] for c in CASES])
 def test_kernel_matches_the_reference(name, shapes, kernel_kw):
-    q, k, v, lengths, positions = _case(hash(name) % 1000, **shapes)
-    got = decode_attention_swapped(q, k, v, lengths, q_positions=positions, **kernel_kw)
-    want = decode_attention_reference(q, k, v, lengths, q_positions=positions)
-    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-    assert np.isfinite(got).all()
-    np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
+    check_against_the_reference(decode_attention_swapped, name, shapes, kernel_kw)
 
 
 def test_shapes_it_cannot_run_are_refused():
