@@ -34,6 +34,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._dispatch import check_impl, interpret_mode, on_gpu
 from pallas_kernels.gather_rows import FP32_SCALE, llama_scaled, rms_norm, rms_norm_fp32_scale
+from pallas_kernels.split_kv import _next_pow2
 
 # fp32 elements of the partials one gather loads: a whole row of Llama-3.2-1B's 16 x 2048 output
 # partials, 64 a thread at 16 warps. At decode one program reads its row alone, so the bytes it has
@@ -121,10 +122,6 @@ def _num_warps(gather: int) -> int:
     """Warps for a gather of ``gather`` fp32 elements: 4 up to 1024 (SmolLM2's one-part row), 8 up
     to 8192, else 16 (16 beat 8 and 32 on the 16- and 32k-element rows of 1B and 8B)."""
     return 4 if gather <= 1024 else 8 if gather <= 8192 else 16
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def add_rms_norm_pallas(x, parts, weight, eps, *, y_weight=None, norm=None, tile=_TILE, num_warps=None,

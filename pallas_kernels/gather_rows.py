@@ -28,13 +28,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._dispatch import check_impl, interpret_mode, on_gpu
+from pallas_kernels.split_kv import _next_pow2
 
 _MAX_CHUNK = 4096
 FP32_SCALE = "fp32_scale"  # gather_rows_pallas(norm=...): Gemma 4's RMSNorm
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def rms_norm(x, weight, eps):
