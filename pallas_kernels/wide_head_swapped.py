@@ -11,16 +11,17 @@ products are transposed so that all the rows (up to 256, a multiple of 8) are on
   warpgroup computes the block's scores over the whole head_dim;
 * the softmax runs down the keys (axis 0, across the warpgroup's warps), keeping a max and a sum
   per row;
-* ``out^T [256 columns, rows] += V^T @ p^T``: each consumer owns 256 of head_dim's columns, its V
+* ``out^T [256 columns, rows] += V^T @ p^T``: the CTA owns 256 of head_dim's columns, their V
   chunk transposed as A, ``p^T`` through shared memory as B (stored transposed: ``p [rows, 64]``).
 
-64-key blocks stream in 256-column chunks through the same producer ring as the M-axis kernel; the
+64-key blocks stream in 256-column chunks through a producer ring as in the M-axis kernel; the
 output (transposed back through q's shared memory) and the base-2 log-sum-exps go to the same split
-merge. A consumer holds a 256 x rows fp32 accumulator (144 registers a thread at 72 rows) beside
-the scores and a few values per row. With ``consumers=2`` one CTA per (KV head, split, sequence)
-owns all 512 columns and streams each K/V byte once, at most 232 registers a consumer; with
-``consumers=1`` a cluster of two CTAs splits the columns, each with up to 248 registers for its one
-consumer, both reading K (shared in L2) and each its half of V.
+merge. The consumer holds a 256 x rows fp32 accumulator (144 registers a thread at 72 rows) beside
+the scores and a few values per row, so a CTA has one consumer warpgroup (248 registers) and owns
+256 output columns: at head_dim 512 a cluster of two CTAs splits the columns, both reading K (shared
+in L2) and each its half of V. (Two consumers in one CTA, 232 registers each, measured
+slower on the H100, 74 vs 62 us at E4B's 9 rows x 32k, and went wrong there from 20 rows on while the
+interpreter agreed with the reference.)
 """
 
 from __future__ import annotations
@@ -61,16 +62,14 @@ def default_splits(batch, num_kv_heads, max_len) -> int:
     return max(1, min(NUM_SMS // (batch * num_kv_heads), max_len // BLOCK_KV // 4))
 
 
-def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, consumers=None, slots=None,
-                             k_splits=None, interpret=None):
+def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, slots=None, k_splits=None,
+                             interpret=None):
     """``q [batch, num_q, num_q_heads, head_dim]``, ``k, v [batch, num_kv_heads, max_len, head_dim]``,
     ``kv_lengths [batch]``, ``q_positions [batch, num_q]`` -> ``[batch, num_q, num_q_heads, head_dim]``.
 
     Needs head_dim a multiple of 256, ``max_len`` a multiple of 64, a 16-bit cache and num_q x GQA
-    group <= 256. ``consumers``: warpgroups of a CTA, each owning 256 output columns (default: all of
-    head_dim's in one CTA; fewer: a cluster of CTAs shares the columns, see the module docstring);
-    ``slots``: K/V chunks in the ring (a block's head_dim / 256 K chunks + the consumers' V chunks at
-    least; default: all that fit); ``k_splits``: see :func:`default_splits`.
+    group <= 256. ``slots``: K/V chunks in the ring (a block's head_dim / 256 K chunks + its V chunk
+    at least; default: all that fit); ``k_splits``: see :func:`default_splits`.
     """
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -86,23 +85,18 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, co
             f"cache (got {k.dtype})")
     interpret = interpret_mode() if interpret is None else interpret
     dtype = k.dtype
-    k_chunks = head_dim // COLUMNS  # every CTA's scores read all of K
-    consumers = consumers or k_chunks
-    if k_chunks % consumers:
-        raise ValueError(f"consumers={consumers} must divide head_dim / {COLUMNS} = {k_chunks}")
-    column_groups = k_chunks // consumers  # CTAs of a cluster, each owning consumers x 256 output columns
-    chunks = k_chunks + consumers  # per K/V block: K's column chunks, then the CTA's V chunks
+    k_chunks = head_dim // COLUMNS  # every CTA's scores read all of K; a CTA per chunk of output columns
+    chunks = k_chunks + 1  # per K/V block: K's column chunks, then the V chunk of the CTA's columns
     n_blocks = max_len // BLOCK_KV
-    # q (then the output), each consumer's p, the log-sum-exps (1 KiB-aligned allocations), barriers,
-    # the reductions' scratch
-    free_bytes = (SMEM_BYTES - rows_pad * head_dim * dtype.itemsize - consumers * rows_pad * BLOCK_KV * dtype.itemsize
-                  - 2 * 1024 - 256 - REDUCTION_SCRATCH)
+    # q (then the output), p, the log-sum-exps (1 KiB-aligned allocations), barriers, the reductions' scratch
+    free_bytes = (SMEM_BYTES - rows_pad * (head_dim + BLOCK_KV) * dtype.itemsize - 2 * 1024 - 256
+                  - REDUCTION_SCRATCH)
     most = free_bytes // (BLOCK_KV * COLUMNS * dtype.itemsize)
     slots = most if slots is None else slots
     if not chunks <= slots <= most:
         raise ValueError(f"slots={slots}: the K/V ring holds one block's {chunks} chunks at least, and at most the "
                          f"{most} chunks of {BLOCK_KV} x {COLUMNS} that fit beside q and p at {rows} rows")
-    k_splits = k_splits or default_splits(batch, num_kv_heads * column_groups, max_len)
+    k_splits = k_splits or default_splits(batch, num_kv_heads * k_chunks, max_len)
     blocks_per_split = pl.cdiv(n_blocks, k_splits)
     k_splits = pl.cdiv(n_blocks, blocks_per_split)
     scale = head_dim**-0.5 if scale is None else scale
@@ -120,26 +114,26 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, co
     column_layout = wgmma_layout.reduce(0)  # one value per query row (the accumulators' N axis)
     copy_layout = plgpu.Layout.SMEM_GMEM_COPY((BLOCK_KV, COLUMNS), dtype, swizzle)
 
-    # A head's column groups as one cluster: launched together, they share their K reads in L2. The
+    # A head's column chunks as one cluster: launched together, they share their K reads in L2. The
     # interpreter runs no clusters.
-    clustered = column_groups > 1 and not interpret
+    clustered = k_chunks > 1 and not interpret
 
     def kernel(q_ref, k_ref, v_ref, length_ref, position_ref, out_ref, lse_ref, scratch):
         split, b, wg = (lax.axis_index(name) for name in ("split", "batch", "wg"))
         if clustered:
-            h, g = lax.axis_index("heads"), lax.axis_index("cols")
+            h, column = lax.axis_index("heads"), lax.axis_index("cols")
         else:
-            h, g = lax.axis_index("heads") // column_groups, lax.rem(lax.axis_index("heads"), column_groups)
-        (q_smem, ring, p_smem, lse_smem), (q_ready, ready), (free, done) = scratch
+            h, column = lax.axis_index("heads") // k_chunks, lax.rem(lax.axis_index("heads"), k_chunks)
+        (q_smem, ring, p_smem, lse_smem), (q_ready, ready, free) = scratch
         length = jnp.clip(length_ref[b], 0, max_len)
         limits = [jnp.maximum(jnp.minimum(length, position_ref[b, i] + 1), 0) for i in range(num_q)]
         lowest, highest = functools.reduce(jnp.minimum, limits), functools.reduce(jnp.maximum, limits)
         first = split * blocks_per_split
         end = jnp.minimum(first + blocks_per_split, pl.cdiv(highest, BLOCK_KV))
 
-        def consumer(c):
-            column = g * consumers + c  # the 256 output columns this consumer owns
-            plgpu.set_max_registers(232 if consumers > 1 else 248, action="increase")
+        @pl.when(wg == 0)
+        def _consumer():
+            plgpu.set_max_registers(248, action="increase")
             plgpu.barrier_wait(q_ready.at[0])
             row_limit = limits[-1]  # padding rows take the last query's limit: the range stays the queries'
             if num_q > 1:
@@ -180,41 +174,32 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, co
                 p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
                 l = l * alpha + p.sum(axis=0)
                 acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
-                p_smem[c].transpose((1, 0))[...] = p.astype(dtype)
+                p_smem.transpose((1, 0))[...] = p.astype(dtype)
                 plgpu.commit_smem()
-                for j in range(consumers):  # every consumer passes every V chunk's barriers, in order
-                    plgpu.barrier_wait(ready.at[slot[k_chunks + j]])
-                    if j != c:
-                        plgpu.barrier_arrive(free.at[slot[k_chunks + j]])
-                v_tile = ring.at[slot[k_chunks + c]]
-
+                v_tile = ring.at[slot[k_chunks]]
+                plgpu.barrier_wait(ready.at[slot[k_chunks]])
                 pl.when(start + BLOCK_KV > length)(
                     functools.partial(zero_rows_past_length, v_tile, start, length, copy_layout))
-                acc = accumulate(acc, v_tile.transpose((1, 0)), p_smem[c].transpose((1, 0)), interpret=interpret)
-                plgpu.barrier_arrive(free.at[slot[k_chunks + c]])
+                acc = accumulate(acc, v_tile.transpose((1, 0)), p_smem.transpose((1, 0)), interpret=interpret)
+                plgpu.barrier_arrive(free.at[slot[k_chunks]])
                 return acc, m_new, l
 
             acc, m, l = lax.fori_loop(first, end, step, (acc, m, l))
-            # Every consumer is past its last read of q_smem, which now takes the output.
-            plgpu.barrier_arrive(done.at[0])
-            plgpu.barrier_wait(done.at[0])
+            # The scores' last reads of q_smem are done (their accumulator was read): it takes the output.
             l_safe = jnp.where(l > 0, l, jnp.ones_like(l))  # a split that saw nothing writes zeros
             out = acc * lax.broadcast_in_dim(1.0 / l_safe, acc.shape, [1])
-            q_smem[c].transpose((1, 0))[...] = out.astype(dtype)
-            last_word = c == 0 and k_splits > 1  # every CTA's log-sum-exps are the same: group 0's go out
+            q_smem[0].transpose((1, 0))[...] = out.astype(dtype)
+            last_word = k_splits > 1  # every CTA's log-sum-exps are the same: column chunk 0's go out
             if last_word:
                 lse_smem[...] = jnp.where(l > 0, m + jnp.log2(l_safe), -jnp.inf)
             plgpu.commit_smem()
             out_tile = out_ref.at[b, h] if k_splits == 1 else out_ref.at[b, h, split]
-            plgpu.copy_smem_to_gmem(q_smem[c], out_tile.at[:, pl.ds(column * COLUMNS, COLUMNS)])
+            plgpu.copy_smem_to_gmem(q_smem[0], out_tile.at[:, pl.ds(column * COLUMNS, COLUMNS)])
             if last_word:
-                pl.when(g == 0)(lambda: plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, h, split]))
+                pl.when(column == 0)(lambda: plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, h, split]))
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-        for c in range(consumers):
-            pl.when(wg == c)(functools.partial(consumer, c))
-
-        @pl.when(wg == consumers)
+        @pl.when(wg == 1)
         def _producer():
             plgpu.set_max_registers(40, action="decrease")
             copy_queries(q_ref, q_smem, q_ready.at[0], b=b, head=h, prepared=h,
@@ -223,11 +208,11 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, co
             @pl.loop(first, end)
             def _stream(block):
                 keys = pl.ds(block * BLOCK_KV, BLOCK_KV)
-                for j in range(chunks):  # K's chunks, then the V chunks of this CTA's columns
+                for j in range(chunks):  # K's chunks, then the V chunk of this CTA's columns
                     slot = lax.rem((block - first) * chunks + j, slots)
                     plgpu.barrier_wait(free.at[slot])
-                    column = j if j < k_chunks else g * consumers + j - k_chunks
-                    source = (k_ref if j < k_chunks else v_ref).at[b, h, keys, pl.ds(column * COLUMNS, COLUMNS)]
+                    source = k_ref.at[b, h, keys, pl.ds(j * COLUMNS, COLUMNS)] if j < k_chunks else \
+                        v_ref.at[b, h, keys, pl.ds(column * COLUMNS, COLUMNS)]
                     plgpu.copy_gmem_to_smem(source, ring.at[slot], ready.at[slot])
 
     def entry(*refs):
@@ -237,11 +222,10 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, co
             lambda *scratch: kernel(*refs, scratch),
             ([plgpu.SMEM((rows_pad, COLUMNS), dtype, transforms=swizzled)] * k_chunks,
              plgpu.SMEM((slots, BLOCK_KV, COLUMNS), dtype, transforms=swizzled),
-             [plgpu.SMEM((rows_pad, BLOCK_KV), dtype, transforms=swizzled)] * consumers,
+             plgpu.SMEM((rows_pad, BLOCK_KV), dtype, transforms=swizzled),
              plgpu.SMEM((rows_pad,), jnp.float32)),
-            (plgpu.Barrier(num_arrivals=copies, num_barriers=1), plgpu.Barrier(num_barriers=slots)),
-            (plgpu.Barrier(num_arrivals=consumers, num_barriers=slots),
-             plgpu.Barrier(num_arrivals=consumers, num_barriers=1)),
+            (plgpu.Barrier(num_arrivals=copies, num_barriers=1), plgpu.Barrier(num_barriers=slots),
+             plgpu.Barrier(num_barriers=slots)),
             collective_axes="wg",
         )
 
@@ -251,10 +235,10 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, co
     else:
         out_type = [jax.ShapeDtypeStruct((batch, num_kv_heads, k_splits, rows_pad, head_dim), dtype),
                     jax.ShapeDtypeStruct((batch, num_kv_heads, k_splits, rows_pad), jnp.float32)]
-    clusters = dict(cluster=(column_groups,), cluster_names=("cols",)) if clustered else {}
+    clusters = dict(cluster=(k_chunks,), cluster_names=("cols",)) if clustered else {}
     out, lse = plgpu.kernel(
-        entry, out_type=out_type, grid=(num_kv_heads * (1 if clustered else column_groups), k_splits, batch),
-        grid_names=("heads", "split", "batch"), **clusters, num_threads=consumers + 1, thread_name="wg",
+        entry, out_type=out_type, grid=(num_kv_heads * (1 if clustered else k_chunks), k_splits, batch),
+        grid_names=("heads", "split", "batch"), **clusters, num_threads=2, thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=REDUCTION_SCRATCH),
         interpret=plgpu.InterpretGPUParams() if interpret else None,
     )(q_rows, k, v, lengths, positions)

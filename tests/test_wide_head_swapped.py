@@ -17,10 +17,10 @@ CASES = [  # (name, shapes, kernel kwargs)
     # 72 rows (Gemma 4 31B verifying 8 drafts, GQA 8): one N of 72, q copied per query; ragged, splits
     ("nine_queries_group_eight", dict(batch=2, num_q=9, num_q_heads=16, num_kv_heads=2, max_len=256, head_dim=512,
                                       lengths=[250, 40]), dict(k_splits=2)),
-    # The same with a cluster of two one-consumer CTAs, each owning 256 of the 512 output columns
-    ("column_halves_in_two_ctas", dict(batch=2, num_q=9, num_q_heads=16, num_kv_heads=2, max_len=256,
-                                       head_dim=512, lengths=[250, 40]), dict(k_splits=2, consumers=1)),
-    # GQA 4 (E4B): q transposed and padded to whole 8-row tiles by XLA; one consumer; no split
+    # E4B's full layers verifying 4 drafts (20 rows, GQA 4): q transposed and padded by XLA; splits
+    ("e4b_five_queries", dict(batch=3, num_q=5, num_q_heads=8, num_kv_heads=2, max_len=320, head_dim=512,
+                              lengths=[320, 70, 129]), dict(k_splits=3)),
+    # GQA 4 at head_dim 256: one CTA a head (no second column chunk); no split
     ("group_four_one_consumer", dict(batch=2, num_q=5, num_q_heads=8, num_kv_heads=2, max_len=192, head_dim=256,
                                      lengths=[192, 3]), dict(k_splits=1)),
     # Frozen-KV drafting: queries at one position before the cache's end; a padding query (-1) sees nothing
@@ -48,18 +48,14 @@ def test_shapes_it_cannot_run_are_refused():
     assert default_splits(1, 4, 32768) == 33 and default_splits(32, 4, 32768) == 1
 
 
-@pytest.mark.parametrize("consumers", [2, 1])
-def test_lowers_for_cuda_at_31b_full_layers(consumers):
-    """The ring and q fit one CTA's 227 KiB beside p, which the interpreter does not check; one
-    consumer a CTA lowers as a cluster."""
+def test_lowers_for_cuda_at_31b_full_layers():
+    """The ring and q fit one CTA's 227 KiB beside p, which the interpreter does not check; the two
+    column chunks' CTAs lower as a cluster."""
     from tests._lowering import lower_for_cuda
 
     q = jnp.zeros((1, 9, 32, 512), jnp.bfloat16)
     cache = jnp.zeros((1, 4, 32768, 512), jnp.bfloat16)
     text = lower_for_cuda(lambda *args: decode_attention_swapped(*args, q_positions=32760 + jnp.arange(9)[None],
-                                                                 consumers=consumers, interpret=False),
+                                                                 interpret=False),
                           q, cache, cache, jnp.array([32769]))
     assert "mosaic_gpu" in text
-    with pytest.raises(ValueError, match="must divide"):
-        decode_attention_swapped(q, cache, cache, jnp.array([32769]), q_positions=jnp.zeros((1, 9), jnp.int32),
-                                 consumers=3)
