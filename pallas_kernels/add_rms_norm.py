@@ -118,10 +118,14 @@ def _kernel(x_ref, parts_ref, *refs, rows, hidden, chunk, splits, eps, norm, has
         plgpu.store(normed_ref[0].at[off], _scaled(out, inv, w, norm).astype(normed_ref[0].dtype), mask=msk)
 
 
-def _num_warps(gather: int) -> int:
+def _num_warps(gather: int, post_norm: bool) -> int:
     """Warps for a gather of ``gather`` fp32 elements: 4 up to 1024 (SmolLM2's one-part row), 8 up
-    to 8192, else 16 (16 beat 8 and 32 on the 16- and 32k-element rows of 1B and 8B)."""
-    return 4 if gather <= 1024 else 8 if gather <= 8192 else 16
+    to 8192, else 16 (16 beat 8 and 32 on the 16- and 32k-element rows of 1B and 8B); twice that
+    with Gemma 4's post-norm, whose second reduction over the row gains from the threads (H100, one
+    row: E4B's 8 x 2560 output partials 4.06 vs 4.67 us at 32 warps, its PLE branch end 2.6 vs 3.8 at 16,
+    ``add_rms_norm_kernel_warps_h100.json``)."""
+    warps = 4 if gather <= 1024 else 8 if gather <= 8192 else 16
+    return 2 * warps if post_norm else warps
 
 
 def add_rms_norm_pallas(x, parts, weight, eps, *, y_weight=None, norm=None, tile=_TILE, num_warps=None,
@@ -149,7 +153,8 @@ def add_rms_norm_pallas(x, parts, weight, eps, *, y_weight=None, norm=None, tile
         in_specs=[row_spec, pl.BlockSpec((flat,), lambda r: (0,))] + [pl.BlockSpec((hidden,), lambda r: (0,))] * len(weights),
         out_specs=[row_spec] * len(out_shape),
         out_shape=out_shape,
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps or _num_warps(chunk * _next_pow2(splits)),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps or _num_warps(chunk * _next_pow2(splits),
+                                                                                      y_weight is not None),
                                              num_stages=1),
         interpret=interpret_mode() if interpret is None else interpret,
         name="jspec_add_rms_norm",
