@@ -42,34 +42,53 @@ from pallas_kernels.wide_head_tiling import COLUMNS, NUM_SMS, SMEM_BYTES
 
 BLOCK_KV = 64  # keys per block: WGMMA's M
 MAX_ROWS = 256  # WGMMA's largest N
+GROUP_ROWS = 40  # the most rows a CTA takes by default (see default_row_groups)
 REDUCTION_SCRATCH = 2048  # shared memory bytes for the softmax's reductions across a warpgroup's warps
 
 
-def padded_rows(num_q, num_q_heads, num_kv_heads) -> int:
-    """Query rows x GQA group, rounded up to WGMMA's N granularity (8)."""
-    return pl.cdiv(num_q * (num_q_heads // num_kv_heads), 8) * 8
+def group_rows(num_q, num_q_heads, num_kv_heads, row_groups) -> int:
+    """Rows of one CTA's N: its share of the query rows x GQA group, whole queries where the group
+    fills whole 8-row tiles (q is then copied per query), rounded up to WGMMA's N granularity (8)."""
+    group = num_q_heads // num_kv_heads
+    if group % 8 == 0:
+        return pl.cdiv(num_q, row_groups) * group
+    return pl.cdiv(pl.cdiv(num_q * group, row_groups), 8) * 8
+
+
+def default_row_groups(num_q, num_q_heads, num_kv_heads) -> int:
+    """CTAs sharing a KV head's query rows: as few as keep each at most ``GROUP_ROWS`` rows.
+
+    A CTA's 256 x rows fp32 accumulator sits in its consumer's registers: on the H100 (bf16, GPU time
+    of a call, ``benchmarks/draft_attention_gemma4_swapped_h100.json``) 40 rows in one CTA stream at
+    0.84 of copy bandwidth from 268 MB (Gemma 4 31B full layers verifying 4 drafts), where 72 rows
+    took 1.6x the M-axis kernel's time."""
+    group = num_q_heads // num_kv_heads
+    row_groups = 1
+    while group_rows(num_q, num_q_heads, num_kv_heads, row_groups) > max(GROUP_ROWS, group):
+        row_groups += 1
+    return row_groups
 
 
 def supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype) -> bool:
     """Whether these shapes fit the kernel (it raises otherwise)."""
-    return (head_dim % COLUMNS == 0 and max_len % BLOCK_KV == 0
-            and padded_rows(num_q, num_q_heads, num_kv_heads) <= MAX_ROWS
+    return (head_dim % COLUMNS == 0 and max_len % BLOCK_KV == 0 and num_q_heads // num_kv_heads <= MAX_ROWS
             and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)))
 
 
-def default_splits(batch, num_kv_heads, max_len) -> int:
-    """About one CTA per SM, at least 4 blocks per split."""
-    return max(1, min(NUM_SMS // (batch * num_kv_heads), max_len // BLOCK_KV // 4))
+def default_splits(batch, ctas, max_len) -> int:
+    """About one CTA per SM (``ctas``: CTAs per sequence and split), at least 4 blocks per split."""
+    return max(1, min(NUM_SMS // (batch * ctas), max_len // BLOCK_KV // 4))
 
 
-def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, slots=None, k_splits=None,
-                             interpret=None):
+def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, row_groups=None, slots=None,
+                             k_splits=None, interpret=None):
     """``q [batch, num_q, num_q_heads, head_dim]``, ``k, v [batch, num_kv_heads, max_len, head_dim]``,
     ``kv_lengths [batch]``, ``q_positions [batch, num_q]`` -> ``[batch, num_q, num_q_heads, head_dim]``.
 
-    Needs head_dim a multiple of 256, ``max_len`` a multiple of 64, a 16-bit cache and num_q x GQA
-    group <= 256. ``slots``: K/V chunks in the ring (a block's head_dim / 256 K chunks + its V chunk
-    at least; default: all that fit); ``k_splits``: see :func:`default_splits`.
+    Needs head_dim a multiple of 256, ``max_len`` a multiple of 64, a 16-bit cache and a GQA group
+    <= 256. ``row_groups``: CTAs sharing a KV head's rows (see :func:`default_row_groups`); ``slots``:
+    K/V chunks in the ring (a block's head_dim / 256 K chunks + its V chunk at least; default: all
+    that fit); ``k_splits``: see :func:`default_splits`.
     """
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -77,12 +96,16 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, sl
     _, num_kv_heads, max_len, _ = k.shape
     group = num_q_heads // num_kv_heads
     rows = num_q * group
-    rows_pad = padded_rows(num_q, num_q_heads, num_kv_heads)
     if not supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, k.dtype):
         raise ValueError(
             f"decode_attention_swapped needs head_dim a multiple of {COLUMNS} (got {head_dim}), max_len a multiple "
-            f"of {BLOCK_KV} (got {max_len}), at most {MAX_ROWS} query rows x GQA group (got {rows}) and a 16-bit "
-            f"cache (got {k.dtype})")
+            f"of {BLOCK_KV} (got {max_len}), a GQA group of at most {MAX_ROWS} (got {group}) and a 16-bit cache "
+            f"(got {k.dtype})")
+    row_groups = row_groups or default_row_groups(num_q, num_q_heads, num_kv_heads)
+    rows_pad = group_rows(num_q, num_q_heads, num_kv_heads, row_groups)  # one CTA's N
+    if rows_pad > MAX_ROWS or (row_groups - 1) * rows_pad >= rows:
+        raise ValueError(f"row_groups={row_groups}: every group of {rows} query rows x GQA group needs rows of its "
+                         f"own and at most {MAX_ROWS}")
     interpret = interpret_mode() if interpret is None else interpret
     dtype = k.dtype
     k_chunks = head_dim // COLUMNS  # every CTA's scores read all of K; a CTA per chunk of output columns
@@ -96,17 +119,19 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, sl
     if not chunks <= slots <= most:
         raise ValueError(f"slots={slots}: the K/V ring holds one block's {chunks} chunks at least, and at most the "
                          f"{most} chunks of {BLOCK_KV} x {COLUMNS} that fit beside q and p at {rows} rows")
-    k_splits = k_splits or default_splits(batch, num_kv_heads * k_chunks, max_len)
+    k_splits = k_splits or default_splits(batch, num_kv_heads * row_groups * k_chunks, max_len)
     blocks_per_split = pl.cdiv(n_blocks, k_splits)
     k_splits = pl.cdiv(n_blocks, blocks_per_split)
     scale = head_dim**-0.5 if scale is None else scale
     logit_scale = float(scale) * math.log2(math.e)
 
     q_in_place = group % 8 == 0  # whole 8-row smem tiles: one TMA copy per query's group
+    group_queries = rows_pad // group if q_in_place else None  # queries of a row group
     if q_in_place:
         q_rows = q.astype(dtype).reshape(batch, num_q, num_kv_heads, group, head_dim)
     else:
-        q_rows = query_rows(q, dtype, num_kv_heads, rows_pad)
+        q_rows = query_rows(q, dtype, num_kv_heads, row_groups * rows_pad).reshape(
+            batch, num_kv_heads * row_groups, rows_pad, head_dim)
     lengths, positions = kv_lengths.astype(jnp.int32), q_positions.astype(jnp.int32)
 
     swizzle = 128
@@ -121,9 +146,10 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, sl
     def kernel(q_ref, k_ref, v_ref, length_ref, position_ref, out_ref, lse_ref, scratch):
         split, b, wg = (lax.axis_index(name) for name in ("split", "batch", "wg"))
         if clustered:
-            h, column = lax.axis_index("heads"), lax.axis_index("cols")
+            tile, column = lax.axis_index("heads"), lax.axis_index("cols")
         else:
-            h, column = lax.axis_index("heads") // k_chunks, lax.rem(lax.axis_index("heads"), k_chunks)
+            tile, column = lax.axis_index("heads") // k_chunks, lax.rem(lax.axis_index("heads"), k_chunks)
+        h, row_group = tile // row_groups, lax.rem(tile, row_groups)  # tile: the KV head's row group
         (q_smem, ring, p_smem, lse_smem), (q_ready, ready, free) = scratch
         length = jnp.clip(length_ref[b], 0, max_len)
         limits = [jnp.maximum(jnp.minimum(length, position_ref[b, i] + 1), 0) for i in range(num_q)]
@@ -137,7 +163,8 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, sl
             plgpu.barrier_wait(q_ready.at[0])
             row_limit = limits[-1]  # padding rows take the last query's limit: the range stays the queries'
             if num_q > 1:
-                row_query = plgpu.broadcasted_iota(jnp.int32, (rows_pad,), 0, layout=column_layout) // group
+                row_query = (row_group * rows_pad
+                             + plgpu.broadcasted_iota(jnp.int32, (rows_pad,), 0, layout=column_layout)) // group
                 row_limit = functools.reduce(lambda acc, i: jnp.where(row_query == i, limits[i], acc),
                                              range(num_q - 2, -1, -1), row_limit)
             m = plgpu.layout_cast(jnp.full((rows_pad,), _MASK_VALUE, jnp.float32), column_layout)
@@ -193,17 +220,19 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, sl
             if last_word:
                 lse_smem[...] = jnp.where(l > 0, m + jnp.log2(l_safe), -jnp.inf)
             plgpu.commit_smem()
-            out_tile = out_ref.at[b, h] if k_splits == 1 else out_ref.at[b, h, split]
+            out_tile = out_ref.at[b, tile] if k_splits == 1 else out_ref.at[b, tile, split]
             plgpu.copy_smem_to_gmem(q_smem[0], out_tile.at[:, pl.ds(column * COLUMNS, COLUMNS)])
             if last_word:
-                pl.when(column == 0)(lambda: plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, h, split]))
+                pl.when(column == 0)(lambda: plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, tile, split]))
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
         @pl.when(wg == 1)
         def _producer():
             plgpu.set_max_registers(40, action="decrease")
-            copy_queries(q_ref, q_smem, q_ready.at[0], b=b, head=h, prepared=h,
-                         queries=range(num_q) if q_in_place else None, group=group)
+            # a last row group's queries past num_q copy the last one again: rows to discard, but finite
+            queries = [jnp.minimum(row_group * group_queries + i, num_q - 1) for i in range(group_queries)] \
+                if q_in_place else None
+            copy_queries(q_ref, q_smem, q_ready.at[0], b=b, head=h, prepared=tile, queries=queries, group=group)
 
             @pl.loop(first, end)
             def _stream(block):
@@ -217,7 +246,7 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, sl
 
     def entry(*refs):
         swizzled = (plgpu.TilingTransform((8, swizzle // dtype.itemsize)), plgpu.SwizzleTransform(swizzle))
-        copies = k_chunks * (1 if not q_in_place else num_q)
+        copies = k_chunks * (group_queries if q_in_place else 1)
         pl.run_scoped(
             lambda *scratch: kernel(*refs, scratch),
             ([plgpu.SMEM((rows_pad, COLUMNS), dtype, transforms=swizzled)] * k_chunks,
@@ -229,21 +258,22 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, sl
             collective_axes="wg",
         )
 
+    tiles = num_kv_heads * row_groups
     if k_splits == 1:
-        out_type = [jax.ShapeDtypeStruct((batch, num_kv_heads, rows_pad, head_dim), dtype),
+        out_type = [jax.ShapeDtypeStruct((batch, tiles, rows_pad, head_dim), dtype),
                     jax.ShapeDtypeStruct((1,), jnp.float32)]
     else:
-        out_type = [jax.ShapeDtypeStruct((batch, num_kv_heads, k_splits, rows_pad, head_dim), dtype),
-                    jax.ShapeDtypeStruct((batch, num_kv_heads, k_splits, rows_pad), jnp.float32)]
+        out_type = [jax.ShapeDtypeStruct((batch, tiles, k_splits, rows_pad, head_dim), dtype),
+                    jax.ShapeDtypeStruct((batch, tiles, k_splits, rows_pad), jnp.float32)]
     clusters = dict(cluster=(k_chunks,), cluster_names=("cols",)) if clustered else {}
     out, lse = plgpu.kernel(
-        entry, out_type=out_type, grid=(num_kv_heads * (1 if clustered else k_chunks), k_splits, batch),
+        entry, out_type=out_type, grid=(tiles * (1 if clustered else k_chunks), k_splits, batch),
         grid_names=("heads", "split", "batch"), **clusters, num_threads=2, thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=REDUCTION_SCRATCH),
         interpret=plgpu.InterpretGPUParams() if interpret else None,
     )(q_rows, k, v, lengths, positions)
     if k_splits == 1:
-        out = out[:, :, :rows].reshape(batch, num_kv_heads, num_q, group, head_dim).transpose(0, 2, 1, 3, 4)
+        out = out.reshape(batch, num_kv_heads, row_groups * rows_pad, head_dim)[:, :, :rows].reshape(batch, num_kv_heads, num_q, group, head_dim).transpose(0, 2, 1, 3, 4)
         return out.astype(q.dtype).reshape(batch, num_q, num_q_heads, head_dim)
     return merge_splits(out, lse, num_q=num_q, num_kv_heads=num_kv_heads, group=group, dtype=q.dtype,
                         interpret=interpret)
