@@ -273,7 +273,8 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, ro
         interpret=plgpu.InterpretGPUParams() if interpret else None,
     )(q_rows, k, v, lengths, positions)
     if k_splits == 1:
-        out = out.reshape(batch, num_kv_heads, row_groups * rows_pad, head_dim)[:, :, :rows].reshape(batch, num_kv_heads, num_q, group, head_dim).transpose(0, 2, 1, 3, 4)
+        out = out.reshape(batch, num_kv_heads, row_groups * rows_pad, head_dim)[:, :, :rows]
+        out = out.reshape(batch, num_kv_heads, num_q, group, head_dim).transpose(0, 2, 1, 3, 4)
         return out.astype(q.dtype).reshape(batch, num_q, num_q_heads, head_dim)
     return merge_splits(out, lse, num_q=num_q, num_kv_heads=num_kv_heads, group=group, dtype=q.dtype,
                         interpret=interpret)

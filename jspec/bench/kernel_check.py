@@ -246,7 +246,9 @@ def check_wide_swapped(max_len_cap=None, seed=0):
     """The wide-head kernel with the rows on WGMMA's N axis against the reference."""
     from pallas_kernels.wide_head_swapped import decode_attention_swapped
 
-    cases = [  # (name, case, kernel kwargs): 31B's 72 rows (two row groups, one), E4B's 20 (GQA 4: q padded by XLA), 31B decode
+    # (name, case, kernel kwargs): 31B's 72 rows (two row groups, one), E4B's 20 (GQA 4: q padded by
+    # XLA), 31B decode
+    cases = [
         ("swapped_31b_full_9rows", dict(batch=3, num_q=9, num_q_heads=32, num_kv_heads=4, max_len=3008), {}),
         ("swapped_31b_full_9rows_one_group", dict(batch=2, num_q=9, num_q_heads=32, num_kv_heads=4, max_len=1024),
          dict(row_groups=1)),
