@@ -61,6 +61,18 @@ from pallas_kernels.wide_head_tiling import (COLUMNS, ROWS, SMEM_BYTES, default_
                                              default_slots, default_splits, m_tiles, supports)
 
 
+def online_softmax(s, m, l, acc, *, keys_axis):
+    """One block of the online softmax (base 2) over the scores ``s``'s ``keys_axis``, the query
+    rows on the other axis of ``s`` and of ``acc``: ``(m, p, l, acc)``, the running max, the block's
+    probabilities, the running sum and the accumulator rescaled to the new max."""
+    rows_axis = 1 - keys_axis
+    m_new = jnp.maximum(m, s.max(axis=keys_axis))
+    alpha = jnp.exp2(m - m_new)
+    p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [rows_axis]))
+    l = l * alpha + p.sum(axis=keys_axis)
+    return m_new, p, l, acc * lax.broadcast_in_dim(alpha, acc.shape, [rows_axis])
+
+
 def accumulate(acc, a, b, *, interpret, a_smem=None):
     """``acc + a @ b`` on the tensor cores, in place; ``a`` from registers or shared memory, ``b``
     from shared memory. The interpreter takes WGMMA operands from shared memory only (``a_smem``:
@@ -283,11 +295,7 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
 
                 with jax.named_scope("softmax"):
                     s = lax.cond(start + block_kv > lowest, mask, lambda s: s, s)
-                    m_new = jnp.maximum(m, s.max(axis=1))
-                    alpha = jnp.exp2(m - m_new)
-                    p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
-                    l = l * alpha + p.sum(axis=1)
-                    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+                    m_new, p, l, acc = online_softmax(s, m, l, acc, keys_axis=1)
                 if not share_scores:
                     wait_v()
                 v_tile = ring.at[slot[consumers + c]]

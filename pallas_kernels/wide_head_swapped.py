@@ -36,7 +36,8 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels._dispatch import interpret_mode
 from pallas_kernels.split_kv import _MASK_VALUE
-from pallas_kernels.wide_head_decode import accumulate, copy_queries, query_rows, zero_rows_past_length
+from pallas_kernels.wide_head_decode import (accumulate, copy_queries, online_softmax, query_rows,
+                                             zero_rows_past_length)
 from pallas_kernels.wide_head_merge import merge_splits
 from pallas_kernels.wide_head_tiling import COLUMNS, NUM_SMS, SMEM_BYTES
 
@@ -196,11 +197,7 @@ def decode_attention_swapped(q, k, v, kv_lengths, *, q_positions, scale=None, ro
                     return jnp.where(keys < limit, s, -jnp.inf)
 
                 s = lax.cond(start + BLOCK_KV > lowest, mask, lambda s: s, s)
-                m_new = jnp.maximum(m, s.max(axis=0))
-                alpha = jnp.exp2(m - m_new)
-                p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
-                l = l * alpha + p.sum(axis=0)
-                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
+                m_new, p, l, acc = online_softmax(s, m, l, acc, keys_axis=0)
                 p_smem.transpose((1, 0))[...] = p.astype(dtype)
                 plgpu.commit_smem()
                 v_tile = ring.at[slot[k_chunks]]
