@@ -24,9 +24,10 @@ probabilities are cast to V's dtype before the PV product (as a flash kernel doe
 
 The Pallas kernel (flash-decoding with the batch's KV blocks shared out evenly over its programs,
 stream-K) lives in :mod:`pallas_kernels.flash_decoding`; its tiling, a function of the shapes and
-the window, in :mod:`pallas_kernels.decode_tiling`. Wide heads (head_dim 512) with more than 16
-query rows x GQA group and neither window nor tail mask run on a GPU in the Mosaic GPU kernel of
-:mod:`pallas_kernels.wide_head_decode` instead (:func:`use_wide_kernel`).
+the window, in :mod:`pallas_kernels.decode_tiling`. Wide heads (head_dim 512) with neither window
+nor tail mask run on a GPU in Mosaic GPU kernels instead: up to 40 query rows x GQA group with the
+rows on WGMMA's N axis (:mod:`pallas_kernels.wide_head_swapped`, :func:`use_swapped_kernel`), more
+in 64-row M tiles (:mod:`pallas_kernels.wide_head_decode`, :func:`use_wide_kernel`).
 
 ``impl="auto"`` (see :func:`use_pallas`): the reference on CPU; on a GPU the kernel wherever the
 recorded benchmarks show it faster (figures: ``benchmarks/README.md``, decode attention).
@@ -45,6 +46,8 @@ from pallas_kernels.flash_decoding import _effective_tail_mask, decode_attention
 from pallas_kernels.invariant_attention import decode_attention_invariant
 from pallas_kernels.split_kv import _MASK_VALUE
 from pallas_kernels.wide_head_decode import decode_attention_wide
+from pallas_kernels.wide_head_swapped import decode_attention_swapped, default_row_groups
+from pallas_kernels.wide_head_swapped import supports as swapped_kernel_supports
 from pallas_kernels.wide_head_tiling import supports as wide_kernel_supports
 
 __all__ = ["decode_attention", "decode_attention_pallas", "decode_attention_reference", "use_pallas", "visibility_mask"]
@@ -159,11 +162,39 @@ def use_wide_kernel(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, 
     All of it only from 8k (sequence x KV head x cache row) triples up: below, the Triton kernel's
     lighter start wins by a few microseconds; at 8k (E4B verifying 8 drafts at batch 1 x 4k) this
     kernel takes 19.6-20.1 us against Triton's 24.9 (``draft_attention_gemma4_share_scores_h100.json``).
-    With at most 16 rows the Triton kernel is faster."""
+    With at most 16 rows the Triton kernel is faster; up to 40, :func:`use_swapped_kernel`'s kernel
+    comes first."""
     rows = num_q * (num_q_heads // num_kv_heads)
     busy = rows > 32 or (rows > 16 and batch * num_kv_heads >= 64)
     return (head_dim == 512 and busy and batch * num_kv_heads * max_len >= 8192 and tail_mask is None
             and window is None and wide_kernel_supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype))
+
+
+def use_swapped_kernel(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, *, tail_mask=None,
+                       window=None) -> bool:
+    """Where the Pallas path on a GPU takes the Mosaic GPU kernel with the query rows on WGMMA's N
+    axis (:mod:`pallas_kernels.wide_head_swapped`): head_dim 512 (Gemma 4's full layers), no window
+    or tail mask, from 8k (sequence x KV head x cache row) triples up, and query rows x GQA group
+    that one CTA takes (at most 40). H100, GPU time of a call at batch 1 / 8 / 32 x 4k-128k
+    (``benchmarks/draft_attention_gemma4_swapped_h100.json``): faster than the kernel the dispatcher
+    took before (Triton, or the M-axis wide kernel) in every cell but one tie, e.g. 31B decode (8
+    rows) 102.5 vs 107.4 us and 31B verifying 4 drafts (40) 106.7 vs 111.0 at 268 MB read (0.88 /
+    0.84 of copy bandwidth), E4B (4 / 20 / 36 rows) 15.5-20 us against 20-24 at batch 1 x 4k. 31B's
+    72 rows stay with the M-axis kernel: 121 us there against 137 in two row groups of 40 and 189
+    in one N (``draft_attention_gemma4_swapped_row_groups_h100.json``)."""
+    return (head_dim == 512 and tail_mask is None and window is None and batch * num_kv_heads * max_len >= 8192
+            and swapped_kernel_supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype)
+            and default_row_groups(num_q, num_q_heads, num_kv_heads) == 1)
+
+
+def wide_head_kernel(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, *, tail_mask=None,
+                     window=None) -> str | None:
+    """The Mosaic GPU kernel the Pallas path takes on a GPU at these shapes: ``"swapped"``,
+    ``"wide"``, or None (the Triton kernel)."""
+    shape = (batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype)
+    if use_swapped_kernel(*shape, tail_mask=tail_mask, window=window):
+        return "swapped"
+    return "wide" if use_wide_kernel(*shape, tail_mask=tail_mask, window=window) else None
 
 
 def decode_attention(q, k, v, kv_lengths, *, q_positions, tail_mask=None, window=None, scale=None, impl="auto"):
@@ -174,14 +205,16 @@ def decode_attention(q, k, v, kv_lengths, *, q_positions, tail_mask=None, window
     if impl == "auto":
         batch, num_q, num_q_heads, head_dim = q.shape
         shape = (batch, num_q, num_q_heads, k.shape[1], k.shape[2], head_dim, k.dtype)
-        use = on_gpu() and (use_pallas(*shape) or use_wide_kernel(*shape, tail_mask=tail_mask, window=window))
-        impl = "pallas" if use else "xla"
+        mosaic = wide_head_kernel(*shape, tail_mask=tail_mask, window=window)
+        impl = "pallas" if on_gpu() and (use_pallas(*shape) or mosaic) else "xla"
     if impl == "invariant":
         return decode_attention_invariant(q, k, v, kv_lengths, q_positions=q_positions, tail_mask=tail_mask,
                                           window=window, scale=scale)
-    if impl == "pallas" and on_gpu() and use_wide_kernel(*q.shape[:3], *k.shape[1:3], q.shape[3], k.dtype,
-                                                           tail_mask=tail_mask, window=window):
-        return decode_attention_wide(q, k, v, kv_lengths, q_positions=q_positions, scale=scale)
+    mosaic = impl == "pallas" and on_gpu() and wide_head_kernel(*q.shape[:3], *k.shape[1:3], q.shape[3], k.dtype,
+                                                                tail_mask=tail_mask, window=window)
+    if mosaic:
+        kernel = decode_attention_swapped if mosaic == "swapped" else decode_attention_wide
+        return kernel(q, k, v, kv_lengths, q_positions=q_positions, scale=scale)
     if impl == "pallas":
         return decode_attention_pallas(
             q, k, v, kv_lengths, q_positions=q_positions, tail_mask=tail_mask, window=window, scale=scale

@@ -61,25 +61,78 @@ from pallas_kernels.wide_head_tiling import (COLUMNS, ROWS, SMEM_BYTES, default_
                                              default_slots, default_splits, m_tiles, supports)
 
 
-def _accumulate(acc, a, b, a_smem):
-    """``acc + a @ b`` on the tensor cores, ``a`` from registers, in place. The interpreter takes
-    WGMMA operands from shared memory only (``a_smem``, None on the GPU) and runs it only on a fresh
-    accumulator, so there the product goes through ``a_smem`` and is added in registers."""
+def online_softmax(s, m, l, acc, *, keys_axis):
+    """One block of the online softmax (base 2) over the scores ``s``'s ``keys_axis``, the query
+    rows on the other axis of ``s`` and of ``acc``: ``(m, p, l, acc)``, the running max, the block's
+    probabilities, the running sum and the accumulator rescaled to the new max."""
+    rows_axis = 1 - keys_axis
+    m_new = jnp.maximum(m, s.max(axis=keys_axis))
+    alpha = jnp.exp2(m - m_new)
+    p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [rows_axis]))
+    l = l * alpha + p.sum(axis=keys_axis)
+    return m_new, p, l, acc * lax.broadcast_in_dim(alpha, acc.shape, [rows_axis])
+
+
+def accumulate(acc, a, b, *, interpret, a_smem=None):
+    """``acc + a @ b`` on the tensor cores, in place; ``a`` from registers or shared memory, ``b``
+    from shared memory. The interpreter takes WGMMA operands from shared memory only (``a_smem``:
+    where a register ``a`` goes there) and runs it only on a fresh accumulator, so there the product
+    is added in registers."""
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
-    if a_smem is not None:
-        a_smem[...] = a
+    if interpret:
+        if a_smem is not None:
+            a_smem[...] = a
+            a = a_smem
 
         def product(acc_ref):
-            plgpu.wgmma(acc_ref, a_smem, b)
+            plgpu.wgmma(acc_ref, a, b)
             return acc_ref[...]
 
         return acc + pl.run_scoped(product, plgpu.ACC(acc.shape, jnp.float32))
 
-    def accumulate(acc_ref):
+    def accumulate_in_place(acc_ref):
         plgpu.wgmma(acc_ref, a, b)
 
-    return pl.run_state(accumulate)(plgpu.ACC.init(acc))
+    return pl.run_state(accumulate_in_place)(plgpu.ACC.init(acc))
+
+
+def copy_queries(q_ref, q_smem, barrier, *, b, head, prepared, queries, group):
+    """The producer's copies of a CTA's query rows into q's 256-column chunks in shared memory, all
+    arriving on ``barrier``: one TMA copy per query's GQA group and chunk from q's own layout
+    (``queries``: the queries, in row order), or without ``queries`` one per chunk of the rows
+    :func:`query_rows` prepared (``q_ref[b, prepared]``)."""
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    for j, chunk in enumerate(q_smem):
+        columns = pl.ds(j * COLUMNS, COLUMNS)
+        if queries is None:
+            plgpu.copy_gmem_to_smem(q_ref.at[b, prepared, :, columns], chunk, barrier)
+            continue
+        for i, query in enumerate(queries):
+            plgpu.copy_gmem_to_smem(q_ref.at[b, query, head, :, columns], chunk.at[pl.ds(i * group, group)], barrier)
+
+
+def zero_rows_past_length(v_tile, start, length, layout):
+    """Rows of a V tile (cache rows from ``start``) past ``length`` set to zero in shared memory:
+    p is 0 there, but 0 * NaN is not."""
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    tile = plgpu.load(v_tile, layout=layout)
+    r = plgpu.broadcasted_iota(jnp.int32, tile.shape, 0, layout=layout)
+    v_tile[...] = jnp.where(start + r < length, tile, jnp.zeros_like(tile))
+    plgpu.commit_smem()
+
+
+def query_rows(q, dtype, num_kv_heads, padded):
+    """``q [batch, num_q, num_q_heads, head_dim]`` as each KV head's query rows x GQA group (row
+    ``r``: query ``r // group``), zero-padded to ``padded``: ``[batch, num_kv_heads, padded,
+    head_dim]`` (an XLA transpose + pad: a launch of its own, 2-4 us)."""
+    batch, num_q, num_q_heads, head_dim = q.shape
+    group = num_q_heads // num_kv_heads
+    rows = q.astype(dtype).reshape(batch, num_q, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
+    return jnp.pad(rows.reshape(batch, num_kv_heads, num_q * group, head_dim),
+                   ((0, 0), (0, 0), (0, padded - num_q * group), (0, 0)))
 
 
 def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block_kv=None, slots=None,
@@ -141,12 +194,8 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     copies_per_chunk = min(ROWS // group, num_q) if q_in_place else 1
     if q_in_place:
         q_rows = q.astype(dtype).reshape(batch, num_q, num_kv_heads, group, head_dim)
-    else:
-        q_rows = q.astype(dtype).reshape(batch, num_q, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
-        q_rows = jnp.pad(q_rows.reshape(batch, num_kv_heads, rows, head_dim),
-                         ((0, 0), (0, 0), (0, padded - rows), (0, 0)))
-        # Whole tiles as leading indices (the kernel's dynamic indices stay on leading axes, as for heads).
-        q_rows = q_rows.reshape(batch, num_kv_heads * tiles, ROWS, head_dim)
+    else:  # whole tiles as leading indices (the kernel's dynamic indices stay on leading axes, as for heads)
+        q_rows = query_rows(q, dtype, num_kv_heads, padded).reshape(batch, num_kv_heads * tiles, ROWS, head_dim)
     lengths, positions = kv_lengths.astype(jnp.int32), q_positions.astype(jnp.int32)
 
     # WGMMA's K groups are one swizzle wide and both operands share it: the product with V sums over
@@ -246,24 +295,16 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
 
                 with jax.named_scope("softmax"):
                     s = lax.cond(start + block_kv > lowest, mask, lambda s: s, s)
-                    m_new = jnp.maximum(m, s.max(axis=1))
-                    alpha = jnp.exp2(m - m_new)
-                    p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
-                    l = l * alpha + p.sum(axis=1)
-                    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+                    m_new, p, l, acc = online_softmax(s, m, l, acc, keys_axis=1)
                 if not share_scores:
                     wait_v()
                 v_tile = ring.at[slot[consumers + c]]
 
-                @pl.when(start + block_kv > length)
-                def _zero_rows_past_length():  # p is 0 there, but 0 * NaN is not
-                    tile = plgpu.load(v_tile, layout=copy_layout)
-                    r = plgpu.broadcasted_iota(jnp.int32, tile.shape, 0, layout=copy_layout)
-                    v_tile[...] = jnp.where(start + r < length, tile, jnp.zeros_like(tile))
-                    plgpu.commit_smem()
-
+                pl.when(start + block_kv > length)(
+                    functools.partial(zero_rows_past_length, v_tile, start, length, copy_layout))
                 with jax.named_scope("pv"):
-                    acc = _accumulate(acc, p.astype(dtype), v_tile, None if p_smem is None else p_smem[c])
+                    acc = accumulate(acc, p.astype(dtype), v_tile, interpret=interpret,
+                                     a_smem=None if p_smem is None else p_smem[c])
                 plgpu.barrier_arrive(free.at[slot[consumers + c]])
                 return acc, m_new, l
 
@@ -300,15 +341,10 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
         def _producer():
             plgpu.set_max_registers(40, action="decrease")
 
-            for j in range(consumers):
-                columns = pl.ds(j * COLUMNS, COLUMNS)
-                if not q_in_place:
-                    plgpu.copy_gmem_to_smem(q_ref.at[b, head_tile, :, columns], q_smem[j], q_ready.at[0])
-                    continue
-                for i in range(copies_per_chunk):  # the tile's i-th query (the last one again past num_q)
-                    query = jnp.minimum(t * (ROWS // group) + i, num_q - 1)
-                    plgpu.copy_gmem_to_smem(q_ref.at[b, query, h, :, columns],
-                                            q_smem[j].at[pl.ds(i * group, group)], q_ready.at[0])
+            # the tile's i-th query (the last one again past num_q)
+            queries = [jnp.minimum(t * (ROWS // group) + i, num_q - 1) for i in range(copies_per_chunk)]
+            copy_queries(q_ref, q_smem, q_ready.at[0], b=b, head=h, prepared=head_tile,
+                         queries=queries if q_in_place else None, group=group)
 
             with jax.named_scope("stream"):
                 @pl.loop(first, end)

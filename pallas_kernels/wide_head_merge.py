@@ -21,7 +21,6 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.wide_head_tiling import ROWS
 
 
 def _next_pow2(n: int) -> int:
@@ -32,14 +31,14 @@ def _floor_pow2(n: int) -> int:
     return 1 << (int(n).bit_length() - 1)
 
 
-def _merge_kernel(lse_ref, part_ref, out_ref, *, num_kv_heads, tiles, k_splits, group, columns, head_dim):
+def _merge_kernel(lse_ref, part_ref, out_ref, *, num_kv_heads, tiles, tile_rows, k_splits, group, columns, head_dim):
     bh, query, chunk = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     b, h = bh // num_kv_heads, bh % num_kv_heads
     row = query * group  # the query's first row among the head's rows; a group never straddles two tiles
-    head_tile = (b * num_kv_heads + h) * tiles + row // ROWS
+    head_tile = (b * num_kv_heads + h) * tiles + row // tile_rows
     splits = jnp.arange(_next_pow2(k_splits), dtype=jnp.int32)
     real = splits < k_splits
-    rows = (head_tile * k_splits + jnp.minimum(splits, k_splits - 1))[:, None] * ROWS + row % ROWS \
+    rows = (head_tile * k_splits + jnp.minimum(splits, k_splits - 1))[:, None] * tile_rows + row % tile_rows \
         + jnp.arange(group, dtype=jnp.int32)[None, :]  # [splits, group] flat rows of the partials
     lse = plgpu.load(lse_ref.at[rows], mask=real[:, None], other=-jnp.inf)
     top = jnp.max(lse, axis=0)
@@ -53,13 +52,15 @@ def _merge_kernel(lse_ref, part_ref, out_ref, *, num_kv_heads, tiles, k_splits, 
 
 
 def _check(partials, lse, num_q, num_kv_heads, group):
-    batch, head_tiles, k_splits, rows, _ = partials.shape
-    if rows != ROWS or ROWS % group or head_tiles % num_kv_heads or lse.shape != partials.shape[:4]:
-        raise ValueError(f"merge_splits needs partials [batch, kv_heads * tiles, splits, {ROWS}, head_dim] and lse "
-                         f"of their first four dims, a GQA group dividing {ROWS} (got {partials.shape}, "
-                         f"{lse.shape}, group {group})")
-    if num_q * group > head_tiles // num_kv_heads * ROWS:
-        raise ValueError(f"{num_q} queries x group {group} do not fit {head_tiles // num_kv_heads} tiles of {ROWS}")
+    batch, head_tiles, k_splits, tile_rows, _ = partials.shape
+    tiles = head_tiles // num_kv_heads
+    if (head_tiles % num_kv_heads or lse.shape != partials.shape[:4] or tile_rows % 8
+            or (tiles > 1 and tile_rows % group)):
+        raise ValueError(f"merge_splits needs partials [batch, kv_heads * tiles, splits, tile_rows, head_dim] and lse "
+                         f"of their first four dims, tile_rows a multiple of 8 and, with several tiles, of the GQA "
+                         f"group (got {partials.shape}, {lse.shape}, group {group})")
+    if num_q * group > tiles * tile_rows:
+        raise ValueError(f"{num_q} queries x group {group} do not fit {tiles} tiles of {tile_rows}")
 
 
 def merge_splits_reference(partials, lse, *, num_q, num_kv_heads, group, dtype, interpret=False):
@@ -69,10 +70,11 @@ def merge_splits_reference(partials, lse, *, num_q, num_kv_heads, group, dtype, 
     batch, head_tiles, k_splits, _, head_dim = partials.shape
     tiles, rows = head_tiles // num_kv_heads, num_q * group
     # tiles back into rows, then a log-sum-exp merge of the splits (base 2); rows no split saw get zeros
-    out = partials.reshape(batch, num_kv_heads, tiles, k_splits, ROWS, head_dim).transpose(0, 1, 3, 2, 4, 5)
-    out = out.reshape(batch, num_kv_heads, k_splits, tiles * ROWS, head_dim)[:, :, :, :rows]
-    lse = lse.reshape(batch, num_kv_heads, tiles, k_splits, ROWS).transpose(0, 1, 3, 2, 4)
-    lse = lse.reshape(batch, num_kv_heads, k_splits, tiles * ROWS)[..., :rows]
+    tile_rows = partials.shape[3]
+    out = partials.reshape(batch, num_kv_heads, tiles, k_splits, tile_rows, head_dim).transpose(0, 1, 3, 2, 4, 5)
+    out = out.reshape(batch, num_kv_heads, k_splits, tiles * tile_rows, head_dim)[:, :, :, :rows]
+    lse = lse.reshape(batch, num_kv_heads, tiles, k_splits, tile_rows).transpose(0, 1, 3, 2, 4)
+    lse = lse.reshape(batch, num_kv_heads, k_splits, tiles * tile_rows)[..., :rows]
     top = jnp.max(lse, axis=2, keepdims=True)
     weights = jnp.exp2(lse - jnp.where(jnp.isfinite(top), top, 0.0))
     total = jnp.maximum(jnp.sum(weights, axis=2), 1e-30).reshape(batch, num_kv_heads, num_q, group)
@@ -84,15 +86,17 @@ def merge_splits_reference(partials, lse, *, num_q, num_kv_heads, group, dtype, 
 
 
 def merge_splits(partials, lse, *, num_q, num_kv_heads, group, dtype, interpret=False):
-    """``partials [batch, kv_heads * tiles, splits, 64, head_dim]``, ``lse [batch, kv_heads * tiles,
-    splits, 64]`` (base 2; -inf where a split saw nothing) -> ``[batch, num_q, kv_heads * group, head_dim]``.
-    Rows no split saw come out zero."""
+    """``partials [batch, kv_heads * tiles, splits, tile_rows, head_dim]`` (64-row M tiles of the
+    wide-head kernel, or one tile of all the rows of the N-axis one), ``lse [batch, kv_heads * tiles,
+    splits, tile_rows]`` (base 2; -inf where a split saw nothing) -> ``[batch, num_q, kv_heads * group,
+    head_dim]``. Rows no split saw come out zero."""
     _check(partials, lse, num_q, num_kv_heads, group)
-    batch, head_tiles, k_splits, _, head_dim = partials.shape
+    batch, head_tiles, k_splits, tile_rows, head_dim = partials.shape
     tiles = head_tiles // num_kv_heads
     # Each program loads a [splits, group, columns] block: about 8k elements, one round trip to memory.
     columns = min(head_dim, _floor_pow2(max(16, 8192 // (_next_pow2(k_splits) * group))))
-    kernel = functools.partial(_merge_kernel, num_kv_heads=num_kv_heads, tiles=tiles, k_splits=k_splits,
+    kernel = functools.partial(_merge_kernel, num_kv_heads=num_kv_heads, tiles=tiles, tile_rows=tile_rows,
+                               k_splits=k_splits,
                                group=group, columns=columns, head_dim=head_dim)
     return pl.pallas_call(
         kernel,

@@ -224,11 +224,12 @@ def test_auto_rule_on_gpu():
 
 def test_auto_gives_past_64_wide_rows_to_the_wide_kernel_not_the_reference(monkeypatch):
     """... but the wide-head kernel's 64-row M tiles (31B verifying 8 drafts: 72 rows), unless a
-    window or a tree mask keeps them on the reference."""
+    window or a tree mask keeps them on the reference; 40 rows go to the N-axis kernel."""
     da = importlib.import_module("pallas_kernels.decode_attention")  # the package re-exports the function
     monkeypatch.setattr(da, "on_gpu", lambda: True)
     taken = []
     monkeypatch.setattr(da, "decode_attention_wide", lambda *a, **kw: taken.append("wide"))
+    monkeypatch.setattr(da, "decode_attention_swapped", lambda *a, **kw: taken.append("swapped"))
     monkeypatch.setattr(da, "decode_attention_reference", lambda *a, **kw: taken.append("reference"))
     batch, num_q, max_len = 1, 9, 4096
     q = jax.ShapeDtypeStruct((batch, num_q, 32, 512), jnp.bfloat16)
@@ -237,7 +238,26 @@ def test_auto_gives_past_64_wide_rows_to_the_wide_kernel_not_the_reference(monke
     positions = jax.ShapeDtypeStruct((batch, num_q), jnp.int32)
     da.decode_attention(q, kv, kv, lengths, q_positions=positions)
     da.decode_attention(q, kv, kv, lengths, q_positions=positions, window=1024)
-    assert taken == ["wide", "reference"]
+    five = jax.ShapeDtypeStruct((batch, 5, 32, 512), jnp.bfloat16)  # 40 rows
+    da.decode_attention(five, kv, kv, lengths, q_positions=jax.ShapeDtypeStruct((batch, 5), jnp.int32))
+    assert taken == ["wide", "reference", "swapped"]
+
+
+def test_wide_heads_up_to_40_rows_go_to_the_n_axis_kernel():
+    """head_dim 512 without window or tree mask, up to 40 query rows x GQA group and from 8k
+    (sequence x KV head x cache row) triples: the kernel with the rows on WGMMA's N axis; 72 rows
+    the M-axis kernel; a window, a tree mask or a small cache the Triton kernel / the reference."""
+    from pallas_kernels.decode_attention import wide_head_kernel
+
+    bf = jnp.bfloat16
+    assert wide_head_kernel(1, 1, 32, 4, 4096, 512, bf) == "swapped"  # 31B decode: 8 rows
+    assert wide_head_kernel(8, 5, 32, 4, 32768, 512, bf) == "swapped"  # 31B verifying 4 drafts: 40
+    assert wide_head_kernel(1, 9, 8, 2, 4096, 512, bf) == "swapped"  # E4B verifying 8 drafts: 36
+    assert wide_head_kernel(1, 9, 32, 4, 4096, 512, bf) == "wide"  # 72 rows
+    assert wide_head_kernel(1, 5, 32, 4, 4096, 512, bf, window=1024) is None
+    assert wide_head_kernel(1, 5, 32, 4, 4096, 512, bf, tail_mask=jnp.ones((1, 5, 5), bool)) is None
+    assert wide_head_kernel(1, 1, 8, 2, 2048, 512, bf) is None  # 4096 triples
+    assert wide_head_kernel(1, 1, 32, 16, 4096, 256, bf) is None  # sliding layers' head_dim
 
 
 def test_one_row_tiling_keeps_the_cache_streaming():

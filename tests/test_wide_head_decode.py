@@ -52,14 +52,19 @@ CASES = [  # (name, shapes, kernel kwargs)
 ]
 
 
-@pytest.mark.parametrize("name, shapes, kernel_kw", CASES, ids=[c[0] for c in CASES])
-def test_kernel_matches_the_reference(name, shapes, kernel_kw):
+def check_against_the_reference(kernel, name, shapes, kernel_kw):
+    """``kernel`` (the signature of :func:`decode_attention_wide`) on a NaN-poisoned ragged case."""
     q, k, v, lengths, positions = _case(hash(name) % 1000, **shapes)
-    got = decode_attention_wide(q, k, v, lengths, q_positions=positions, **kernel_kw)
+    got = kernel(q, k, v, lengths, q_positions=positions, **kernel_kw)
     want = decode_attention_reference(q, k, v, lengths, q_positions=positions)
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("name, shapes, kernel_kw", CASES, ids=[c[0] for c in CASES])
+def test_kernel_matches_the_reference(name, shapes, kernel_kw):
+    check_against_the_reference(decode_attention_wide, name, shapes, kernel_kw)
 
 
 def test_a_query_that_sees_nothing_gets_zeros():
@@ -142,8 +147,11 @@ def test_the_one_launch_merge_matches_its_reference(batch, num_kv_heads, tiles, 
 
 
 def test_the_merge_names_partials_of_the_wrong_shape():
-    with pytest.raises(ValueError, match="partials"):
-        merge_splits(jnp.zeros((1, 2, 3, 32, 512)), jnp.zeros((1, 2, 3, 32)), num_q=1, num_kv_heads=2, group=8,
+    with pytest.raises(ValueError, match="partials"):  # tile rows not a multiple of 8
+        merge_splits(jnp.zeros((1, 2, 3, 12, 512)), jnp.zeros((1, 2, 3, 12)), num_q=1, num_kv_heads=2, group=8,
+                     dtype=jnp.bfloat16)
+    with pytest.raises(ValueError, match="do not fit"):
+        merge_splits(jnp.zeros((1, 2, 3, 32, 512)), jnp.zeros((1, 2, 3, 32)), num_q=5, num_kv_heads=2, group=8,
                      dtype=jnp.bfloat16)
 
 

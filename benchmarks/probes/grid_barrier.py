@@ -3,11 +3,13 @@ persistent kernel that runs a whole decoder layer in one launch (issue 21: a lay
 q/k/v + RoPE, attention, o + residual, gate/up, down, separated by barriers instead of launches).
 
 Each of ``programs`` programs runs ``barriers`` phases. In phase i it writes a value into its own
-slot, arrives at an atomic counter (acquire-release, GPU scope) and spins until every program has
+slot of that phase's parity, arrives at an atomic counter (acquire-release, GPU scope) and spins until every program has
 arrived ``i + 1`` times, then reads its neighbour's slot (volatile: past L1) and checks it saw the
 neighbour's phase-i value. The spin is bounded, so programs that are not all resident at once
 (more than a wave) fail the check instead of hanging. GPU time for 1, 33 and 65 barriers at each
-grid size gives the cost of one barrier (the slope). H100::
+grid size gives the cost of one barrier (the slope). (The H100 run in
+``benchmarks/grid_barrier_h100.json`` had one slot a program, so a neighbour already past the
+barrier could overwrite its value before it was read: its misses at 8+ programs are that race.) H100::
 
     PYTHONPATH=. python benchmarks/probes/grid_barrier.py   # writes $OUT/grid_barrier.json
 """
@@ -36,7 +38,10 @@ def _kernel(counter_in, slots_ref, seen_ref, counter_ref, *, barriers, programs,
     neighbour = lax.rem(pid + 1, programs)
 
     def phase(i, good):
-        plgpu.store(slots_ref.at[pid], i * programs + pid)
+        # Two slots a program, by phase parity: a neighbour past this barrier may write its next
+        # phase's value before this program reads, but cannot pass the next barrier without it.
+        slot = lax.rem(i, 2) * programs
+        plgpu.store(slots_ref.at[slot + pid], i * programs + pid)
         if not interpret:  # every thread's stores are issued before the count goes up
             plgpu.debug_barrier()
         zero = i * 0  # the counter's index and a no-op add, carried: the interpreter takes no loop constants
@@ -51,7 +56,7 @@ def _kernel(counter_in, slots_ref, seen_ref, counter_ref, *, barriers, programs,
             return plgpu.atomic_add(counter_ref, zero, zero), spins + 1, target, zero
 
         lax.while_loop(waiting, spin, (zero, zero, (i + 1) * programs, zero))
-        seen = plgpu.load(slots_ref.at[neighbour], volatile=True)
+        seen = plgpu.load(slots_ref.at[slot + neighbour], volatile=True)
         return good + (seen == i * programs + neighbour).astype(jnp.int32)
 
     plgpu.store(seen_ref.at[pid], lax.fori_loop(0, barriers, phase, jnp.int32(0)))
@@ -68,9 +73,9 @@ def phases(*, barriers: int, programs: int, max_spins: int = _MAX_SPINS, interpr
         kernel,
         grid=(programs,),
         in_specs=[pl.BlockSpec((1,), lambda p: (0,))],
-        out_specs=[pl.BlockSpec((programs,), lambda p: (0,)), pl.BlockSpec((programs,), lambda p: (0,)),
+        out_specs=[pl.BlockSpec((2 * programs,), lambda p: (0,)), pl.BlockSpec((programs,), lambda p: (0,)),
                    pl.BlockSpec((1,), lambda p: (0,))],
-        out_shape=[jax.ShapeDtypeStruct((programs,), jnp.int32), jax.ShapeDtypeStruct((programs,), jnp.int32),
+        out_shape=[jax.ShapeDtypeStruct((2 * programs,), jnp.int32), jax.ShapeDtypeStruct((programs,), jnp.int32),
                    jax.ShapeDtypeStruct((1,), jnp.int32)],
         input_output_aliases={0: 2},
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),

@@ -57,23 +57,26 @@ def _functions(shape, batch, context, num_q, variants, *, dtype, with_cudnn):
     import jax.numpy as jnp
 
     from pallas_kernels.decode_attention import (
-        decode_attention, decode_attention_pallas, decode_attention_reference, use_wide_kernel)
+        decode_attention, decode_attention_pallas, decode_attention_reference, wide_head_kernel)
     from pallas_kernels.wide_head_decode import decode_attention_wide
+    from pallas_kernels.wide_head_swapped import decode_attention_swapped
 
     num_q_heads, num_kv_heads, head_dim, window = shape
     dtype = jnp.dtype(dtype)
     args = (jax.ShapeDtypeStruct((batch, num_q, num_q_heads, head_dim), dtype),
             *[jax.ShapeDtypeStruct((batch, num_kv_heads, context, head_dim), dtype)] * 2,
             jax.ShapeDtypeStruct((batch,), jnp.int32), jax.ShapeDtypeStruct((batch, num_q), jnp.int32))
-    # "pallas": the kernel the dispatcher runs for impl="pallas" (Triton, or the wide-head kernel);
-    # "triton": the Triton kernel too where the dispatcher picks the wide one.
+    # "pallas": the kernel the dispatcher runs for impl="pallas" (Triton, or a wide-head kernel);
+    # "triton": the Triton kernel too where the dispatcher picks a wide-head one.
     fns = {"pallas": functools.partial(decode_attention, impl="pallas", window=window, scale=1.0)}
-    if use_wide_kernel(batch, num_q, num_q_heads, num_kv_heads, context, head_dim, dtype, window=window):
+    if wide_head_kernel(batch, num_q, num_q_heads, num_kv_heads, context, head_dim, dtype, window=window):
         fns["triton"] = functools.partial(decode_attention_pallas, window=window, scale=1.0)
+    mosaic_kernels = {"wide": decode_attention_wide, "swapped": decode_attention_swapped}  # full layers only
     for name, kw in [(f"variant{i}", kw) for i, kw in enumerate(variants)]:
         kw = dict(kw)
-        if kw.pop("kernel", "triton") == "wide":  # the Mosaic GPU wide-head kernel (full layers only)
-            fns[name] = functools.partial(decode_attention_wide, scale=1.0, **kw)
+        kernel = kw.pop("kernel", "triton")
+        if kernel in mosaic_kernels:
+            fns[name] = functools.partial(mosaic_kernels[kernel], scale=1.0, **kw)
         else:
             fns[name] = functools.partial(decode_attention_pallas, window=window, scale=1.0, **kw)
     fns["xla"] = functools.partial(decode_attention_reference, window=window, scale=1.0)
@@ -140,7 +143,7 @@ def measure_row(cfg, shapes, executables, *, variants=(), repeats=5, seed=0, dty
     import jax
 
     from jspec.bench.timing import Timing, interleaved_gpu_times, time_fn
-    from pallas_kernels.decode_attention import use_wide_kernel
+    from pallas_kernels.decode_attention import wide_head_kernel
     from pallas_kernels.decode_tiling import tiling
 
     shape_name, batch, context, num_q = cfg
@@ -149,8 +152,8 @@ def measure_row(cfg, shapes, executables, *, variants=(), repeats=5, seed=0, dty
                num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, window=window,
                kv_bytes=kv_bytes(shape, batch, context, num_q),
                config=tiling(batch, num_q, num_q_heads, num_kv_heads, context, head_dim, window=window),
-               kernel="wide" if jax.default_backend() == "gpu" and use_wide_kernel(
-                   batch, num_q, num_q_heads, num_kv_heads, context, head_dim, dtype, window=window) else "triton",
+               kernel=jax.default_backend() == "gpu" and wide_head_kernel(
+                   batch, num_q, num_q_heads, num_kv_heads, context, head_dim, dtype, window=window) or "triton",
                device_us={}, timings={}, errors={})
     inputs, cudnn_layout = _inputs(shape, batch, context, num_q, seed=seed, dtype=dtype)
     thunks = {}
@@ -277,7 +280,8 @@ def add_flags(p):
     p.add_argument("--max-kv-gb", type=float, default=40.0, help="skip sizes whose K+V exceed this (default 40 GB)")
     p.add_argument("--variants", default="", help="JSON list of kernel tilings to time beside the default, "
                    "e.g. '[{\"block_m\": 16, \"block_k\": 32, \"num_stages\": 2}, {\"num_warps\": 8}]'; "
-                   "\"kernel\": \"wide\" times pallas_kernels.wide_head_decode with the other keys")
+                   "\"kernel\": \"wide\" times pallas_kernels.wide_head_decode with the other keys, \"swapped\" "
+                   "pallas_kernels.wide_head_swapped (the rows on WGMMA's N axis)")
 
 
 TINY = dict(batches=[2], contexts=[40], queries=[3], repeats=2)

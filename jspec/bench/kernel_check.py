@@ -242,13 +242,39 @@ def check_rope_write(seed=0):
                        lambda: np.nan_to_num(np.asarray(fns["xla"](*args), np.float32), nan=1e4), (2e-2, 1e-2))
 
 
+def check_wide_swapped(max_len_cap=None, seed=0):
+    """The wide-head kernel with the rows on WGMMA's N axis against the reference."""
+    from pallas_kernels.wide_head_swapped import decode_attention_swapped
+
+    # (name, case, kernel kwargs): 31B's 72 rows (two row groups, one), E4B's 20 (GQA 4: q padded by
+    # XLA), 31B decode
+    cases = [
+        ("swapped_31b_full_9rows", dict(batch=3, num_q=9, num_q_heads=32, num_kv_heads=4, max_len=3008), {}),
+        ("swapped_31b_full_9rows_one_group", dict(batch=2, num_q=9, num_q_heads=32, num_kv_heads=4, max_len=1024),
+         dict(row_groups=1)),
+        ("swapped_e4b_full_5rows", dict(batch=4, num_q=5, num_q_heads=8, num_kv_heads=2, max_len=4992), {}),
+        ("swapped_31b_full_1row", dict(batch=2, num_q=1, num_q_heads=32, num_kv_heads=4, max_len=512), {}),
+    ]
+    for name, case_kw, call_kw in cases:
+        if max_len_cap and case_kw["max_len"] > max_len_cap:
+            continue
+        case = make_case(zlib.crc32(name.encode()) % 1000 + seed, head_dim=512, dtype=jnp.bfloat16, **case_kw)
+        a = (case["q"], case["k"], case["v"], case["kv_lengths"], case["q_positions"])
+        kernel = jax.jit(lambda q, k, v, lens, p: decode_attention_swapped(q, k, v, lens, q_positions=p, scale=1.0,
+                                                                           **call_kw))
+        reference = jax.jit(lambda q, k, v, lens, p: decode_attention(q, k, v, lens, q_positions=p, scale=1.0,
+                                                                      impl="xla"))
+        entry = dict(measure="check", name=name, **case_kw, head_dim=512, dtype="bfloat16", **call_kw)
+        yield _compare(entry, lambda: kernel(*a), lambda: reference(*a), (2e-2, 2e-2))
+
+
 def run_check(max_len_cap=None, seed=0, max_weight=None) -> list[dict]:
     """One ``check`` row per case, each printed as it finishes (``max_len_cap`` / ``max_weight``: skip
     the attention cases with longer caches and the matmul cases with larger weights)."""
     rows = []
     for entry in itertools.chain(check_decode_attention(max_len_cap, seed), check_split_merge(max_len_cap, seed=seed),
                                  check_gather_rows(seed), check_add_rms_norm(seed), check_fused_matmul(seed, max_weight),
-                                 check_rope_write(seed)):
+                                 check_rope_write(seed), check_wide_swapped(max_len_cap, seed)):
         rows.append(entry)
         print(json.dumps(entry, default=float))
     return rows
