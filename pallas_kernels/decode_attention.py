@@ -177,8 +177,8 @@ def use_swapped_kernel(batch, num_q, num_q_heads, num_kv_heads, max_len, head_di
     or tail mask, from 8k (sequence x KV head x cache row) triples up, and query rows x GQA group
     that one CTA takes (at most 40). H100, GPU time of a call at batch 1 / 8 / 32 x 4k-128k
     (``benchmarks/draft_attention_gemma4_swapped_h100.json``): faster than the kernel the dispatcher
-    took before (Triton, or the M-axis wide kernel) in every cell but one tie, e.g. 31B decode (8
-    rows) 102.5 vs 107.4 us and 31B verifying 4 drafts (40) 106.7 vs 111.0 at 268 MB read (0.88 /
+    took before (Triton, or the M-axis wide kernel) in every cell, bar ties within 1% at one query
+    row from 2 GB read up, e.g. 31B decode (8 rows) 102.5 vs 107.4 us and 31B verifying 4 drafts (40) 106.7 vs 111.0 at 268 MB read (0.88 /
     0.84 of copy bandwidth), E4B (4 / 20 / 36 rows) 15.5-20 us against 20-24 at batch 1 x 4k. 31B's
     72 rows stay with the M-axis kernel: 121 us there against 137 in two row groups of 40 and 189
     in one N (``draft_attention_gemma4_swapped_row_groups_h100.json``)."""

@@ -75,6 +75,15 @@ def test_decode_tiny(tmp_path):
     assert out.with_suffix(".png").exists()
 
 
+def test_decode_loop_only_times_the_loop_alone(tmp_path):
+    out = tmp_path / "decode.json"
+    _bench("decode", "--tiny", "--out", out, "--targets", "tiny", "--loop-only")
+    (row,) = report.rows(_result(out), "decode")
+    assert row["ms_per_token"] > 0 and not {"step_ms", "step_profile", "verify_ms"} & set(row)
+    with pytest.raises(SystemExit, match="--loop-only times the loop alone"):
+        _bench("decode", "--tiny", "--out", out, "--targets", "tiny", "--loop-only", "--verify-rows", "3")
+
+
 def test_spec_tiny_controlled_acceptance_accepts_everything_at_alpha_1(tmp_path):
     """A Gemma 4 target drafted by a Llama-family draft model: rounds with stages, end to end,
     the policy; at alpha = 1 every draft is accepted (k + 1 tokens per round), and the JSON says

@@ -146,6 +146,8 @@ def measure_decode_loop(model, batch, context, *, steps, impl, repeats):
 
 
 def run(args):
+    if args.loop_only and (args.verify_rows or args.verify_trees):
+        raise SystemExit("error: --loop-only times the loop alone: drop --verify-rows / --verify-trees")
     dtype = jnp.dtype(args.dtype)
     bw = copy_bandwidth(args.copy_bytes)
     env = report.environment(dtype, args.seed, weights=weights_note(args.targets))
@@ -182,6 +184,9 @@ def _row(model, preset, weights, bw, batch, context, impl, args):
     )
     message = (f"{preset} b={batch} ctx={context} {impl}: {per_token * 1e3:.3f} ms/token, "
                f"roofline {roofline_s * 1e3:.3f} ms ({roofline_s / per_token:.1%})")
+    if args.loop_only:
+        tqdm.write(message)
+        return row
     step_call = verify_call(model, batch, context, rows=1, impl=impl)
     step_time = time_fn(step_call, repeats=args.repeats)  # dispatched, the clock the verify forward runs on
     row.update(step_ms=step_time.median_s * 1e3)
@@ -241,4 +246,7 @@ def register(subparsers):
                    help="TOPK:DEPTH:NODES: also time a tree verify of NODES + 1 rows against a chain verify of "
                         "DEPTH + 1 rows, e.g. 4:6:32")
     d.add_argument("--copy-bytes", type=int, default=2 << 30)
+    d.add_argument("--loop-only", action="store_true",
+                   help="the on-device loop's ms/token alone: no dispatched step, step profile or verify (one "
+                        "compile a row instead of three: E4B's rows take minutes each otherwise)")
     return d
