@@ -178,10 +178,11 @@ def use_swapped_kernel(batch, num_q, num_q_heads, num_kv_heads, max_len, head_di
     that one CTA takes (at most 40). H100, GPU time of a call at batch 1 / 8 / 32 x 4k-128k
     (``benchmarks/draft_attention_gemma4_swapped_h100.json``): faster than the kernel the dispatcher
     took before (Triton, or the M-axis wide kernel) in every cell, bar ties within 1% at one query
-    row from 2 GB read up, e.g. 31B decode (8 rows) 102.5 vs 107.4 us and 31B verifying 4 drafts (40) 106.7 vs 111.0 at 268 MB read (0.88 /
-    0.84 of copy bandwidth), E4B (4 / 20 / 36 rows) 15.5-20 us against 20-24 at batch 1 x 4k. 31B's
-    72 rows stay with the M-axis kernel: 121 us there against 137 in two row groups of 40 and 189
-    in one N (``draft_attention_gemma4_swapped_row_groups_h100.json``)."""
+    row from 2 GB read up, e.g. 31B decode (8 rows) 102.5 vs 107.4 us and 31B verifying 4 drafts
+    (40) 106.7 vs 111.0 at 268 MB read (0.88 / 0.84 of copy bandwidth), E4B (4 / 20 / 36 rows)
+    15.5-20 us against 20-24 at batch 1 x 4k. 31B's 72 rows stay with the M-axis kernel: 121 us
+    there against 137 in two row groups of 40 and 189 in one N
+    (``draft_attention_gemma4_swapped_row_groups_h100.json``)."""
     return (head_dim == 512 and tail_mask is None and window is None and batch * num_kv_heads * max_len >= 8192
             and swapped_kernel_supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype)
             and default_row_groups(num_q, num_q_heads, num_kv_heads) == 1)
@@ -202,17 +203,14 @@ def decode_attention(q, k, v, kv_lengths, *, q_positions, tail_mask=None, window
     impl = check_impl(impl, "decode_attention")
     if q.shape[2] % k.shape[1]:
         raise ValueError(f"num_q_heads {q.shape[2]} is not a multiple of num_kv_heads {k.shape[1]}")
+    shape = (*q.shape[:3], *k.shape[1:3], q.shape[3], k.dtype)  # batch, num_q, heads, kv heads, max_len, d
+    mosaic = impl in ("auto", "pallas") and on_gpu() and wide_head_kernel(*shape, tail_mask=tail_mask, window=window)
     if impl == "auto":
-        batch, num_q, num_q_heads, head_dim = q.shape
-        shape = (batch, num_q, num_q_heads, k.shape[1], k.shape[2], head_dim, k.dtype)
-        mosaic = wide_head_kernel(*shape, tail_mask=tail_mask, window=window)
         impl = "pallas" if on_gpu() and (use_pallas(*shape) or mosaic) else "xla"
     if impl == "invariant":
         return decode_attention_invariant(q, k, v, kv_lengths, q_positions=q_positions, tail_mask=tail_mask,
                                           window=window, scale=scale)
-    mosaic = impl == "pallas" and on_gpu() and wide_head_kernel(*q.shape[:3], *k.shape[1:3], q.shape[3], k.dtype,
-                                                                tail_mask=tail_mask, window=window)
-    if mosaic:
+    if mosaic and impl == "pallas":
         kernel = decode_attention_swapped if mosaic == "swapped" else decode_attention_wide
         return kernel(q, k, v, kv_lengths, q_positions=q_positions, scale=scale)
     if impl == "pallas":

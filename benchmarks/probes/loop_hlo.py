@@ -6,7 +6,8 @@ dispatched step can still make the loop slower (Gemma 4's RoPE + cache-write ker
 5.491 vs 5.684 GPU ms, its loop 5.585 vs 5.336 ms/token) without the profile saying why. This
 counts what the while body runs: fusions by kind, custom calls (the Pallas kernels), and every
 ``copy`` with the bytes it moves (a cache buffer the loop cannot update in place is copied each
-step). On a GPU (any machine compiles for its own backend)::
+step), and which computation holds the loop (a command buffer's: one graph a step; the entry's: the
+host drives each step). On a GPU (any machine compiles for its own backend)::
 
     PYTHONPATH=. python benchmarks/probes/loop_hlo.py gemma-4-e4b --impl auto auto,rope_write=pallas
     # writes $OUT/loop_hlo_<target>_<impl>.txt (the optimised module) and prints the summary
@@ -60,6 +61,9 @@ def body_summary(text: str) -> dict:
     if not bodies:
         return {}
     largest = max(bodies, key=lambda b: len(comps.get(b, [])))
+    # where the loop itself sits: inside a command buffer's computation (one graph a step) or not
+    holder = next((name for name, lines in comps.items()
+                   if any(re.search(rf"body=%?{re.escape(largest)}\b", line) for line in lines)), None)
     opcodes, fusions, copies, seen = collections.Counter(), collections.Counter(), [], set()
 
     def visit(name):
@@ -84,7 +88,8 @@ def body_summary(text: str) -> dict:
 
     visit(largest)
     largest_copies = sorted(copies, key=lambda c: -c["bytes"])[:8]
-    return dict(body=largest, opcodes=dict(opcodes.most_common()), fusions=dict(fusions),
+    return dict(body=largest, loop_in=holder, command_buffers=sum("command_buffer" in name for name in comps),
+                opcodes=dict(opcodes.most_common()), fusions=dict(fusions),
                 custom_calls=opcodes["custom-call"], copies=len(copies),
                 copy_bytes=sum(c["bytes"] for c in copies), largest_copies=largest_copies)
 
