@@ -165,11 +165,14 @@ def _traced_kernels(thunks: list[Callable[[], object]]) -> list[tuple[str, float
 
 
 def _l2_flush(num_bytes: int) -> Callable[[], object]:
-    """A thunk that rewrites ``num_bytes``; an integer xor, so that its kernel's name is unlikely to
-    be any timed call's (:func:`interleaved_gpu_times` splits a trace at it)."""
-    buffer = jnp.zeros((num_bytes // 4,), jnp.uint32)
-    rewrite = jax.jit(lambda x: x ^ jnp.uint32(0x5A5A5A5A))
-    return lambda: rewrite(buffer)
+    """A thunk that reads ``num_bytes`` (and writes a thousandth of that): the L2 cache is left
+    holding clean lines of its buffer only. A flush that wrote its buffer left the cache full of
+    dirty lines, whose write-back the next call paid for: ~16 us of a 100 us call on the H100
+    (``benchmarks/l2_flush_read_vs_write_h100.json``). An integer xor-max, so that its kernel's
+    name is unlikely to be any timed call's (:func:`interleaved_gpu_times` splits a trace at it)."""
+    buffer = jnp.zeros((num_bytes // 4096, 1024), jnp.uint32)
+    read = jax.jit(lambda x: jnp.max(x ^ jnp.uint32(0x5A5A5A5A), axis=1))
+    return lambda: read(buffer)
 
 
 def gpu_kernel_times(fn: Callable[[], object], *, warmup: int = 2,
