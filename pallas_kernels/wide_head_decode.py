@@ -168,7 +168,7 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     cluster_tiles = tiles > 1 and not interpret
     # Every tile of a head reads the same K/V chunks: as one multicast copy a chunk crosses from L2
     # to shared memory once for the cluster, not once a tile (31B's 72 rows: 8-12% faster from 8 GB
-    # read, benchmarks/draft_attention_gemma4_multicast_h100.json). Only at 32-row blocks, the default
+    # read, benchmarks/draft_attention_gemma4_multicast_adopted_h100.json). Only at 32-row blocks, the default
     # wherever a head has several tiles: at 64-row blocks (a ring of one block) the H100 hung.
     if multicast and block_kv != 32:
         raise ValueError(f"multicast=True needs 32-row blocks (got block_kv={block_kv}): at 64-row blocks "
