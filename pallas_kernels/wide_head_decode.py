@@ -8,7 +8,8 @@ registers). This kernel is built the way FlashMLA runs 512-wide heads:
 
 * one CTA per (KV head, M tile, split, sequence); the query rows x GQA group are WGMMA M tiles of
   64 rows, each held in shared memory for the whole call, so K and V are read from HBM once per KV
-  head and M tile (the tiles of one head run as one cluster, which shares the reads in L2). A GQA
+  head and M tile (the tiles of one head run as one cluster and receive each K/V chunk by one
+  multicast copy, so it crosses from L2 to shared memory once for all of them). A GQA
   group of whole 8-row tiles (31B: 8) is copied from q's own layout, one TMA copy per query; a
   smaller one (E4B: 4) is transposed and padded by XLA first (a launch of its own, 2-4 us);
 * a producer warpgroup streams K and V by TMA in chunks of ``block_kv`` rows x 256 columns (per
@@ -136,7 +137,7 @@ def query_rows(q, dtype, num_kv_heads, padded):
 
 
 def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block_kv=None, slots=None,
-                          k_splits=None, share_scores=None, interpret=None):
+                          k_splits=None, share_scores=None, multicast=None, interpret=None):
     """``q [batch, num_q, num_q_heads, head_dim]``, ``k, v [batch, num_kv_heads, max_len, head_dim]``,
     ``kv_lengths [batch]``, ``q_positions [batch, num_q]`` -> ``[batch, num_q, num_q_heads, head_dim]``.
 
@@ -144,7 +145,9 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     16-bit cache; num_q x GQA group rows run in M tiles of 64. ``block_kv``: see
     :func:`default_block_kv`; ``slots``: K/V chunks in the ring (at least one block's, at most what
     227 KiB of shared memory hold beside q; default :func:`default_slots`); ``k_splits``: see
-    :func:`default_splits`; ``share_scores``: see :func:`default_share_scores`.
+    :func:`default_splits`; ``share_scores``: see :func:`default_share_scores`; ``multicast``: whether
+    a cluster of M tiles receives each K/V chunk by one multicast copy (default: wherever a head has
+    several tiles).
     """
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -163,6 +166,14 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     # A head's M tiles as one cluster: launched together, they share their K/V reads in L2 (as
     # neighbouring programs they drift apart at batch 32: 1.2-1.4x slower). The interpreter runs no clusters.
     cluster_tiles = tiles > 1 and not interpret
+    # Every tile of a head reads the same K/V chunks: as one multicast copy a chunk crosses from L2
+    # to shared memory once for the cluster, not once a tile (31B's 72 rows: 8-12% faster from 8 GB
+    # read, benchmarks/draft_attention_gemma4_multicast_adopted_h100.json). Only at 32-row blocks, the default
+    # wherever a head has several tiles: at 64-row blocks (a ring of one block) the H100 hung.
+    if multicast and block_kv != 32:
+        raise ValueError(f"multicast=True needs 32-row blocks (got block_kv={block_kv}): at 64-row blocks "
+                         "the multicast ring hung on the H100")
+    multicast = cluster_tiles and block_kv == 32 if multicast is None else multicast and cluster_tiles
     consumers = head_dim // COLUMNS
     n_blocks = max_len // block_kv
     chunks = 2 * consumers  # per K/V block: K's column chunks, then V's
@@ -214,7 +225,7 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
         else:
             head_tile = lax.axis_index("heads")
             h, t = head_tile // tiles, lax.rem(head_tile, tiles)
-        (q_smem, ring, lse_smem, p_smem, score_smem), (q_ready, ready), (free, done, shared) = scratch
+        (q_smem, ring, lse_smem, p_smem, score_smem), (q_ready, ready), (free, done, shared, leave) = scratch
         # Query i sees cache rows [0, limit_i); the tile reads the blocks its queries see (scalar work,
         # here rather than in XLA ops around the call: each of those is a launch).
         length = jnp.clip(length_ref[b], 0, max_len)
@@ -224,7 +235,9 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
             return True if tiles == 1 else (i * group < (t + 1) * ROWS) & ((i + 1) * group > t * ROWS)
 
         lowest = functools.reduce(jnp.minimum, [jnp.where(in_tile(i), x, max_len) for i, x in enumerate(limits)])
-        highest = functools.reduce(jnp.maximum, [jnp.where(in_tile(i), x, 0) for i, x in enumerate(limits)])
+        # A multicast cluster streams one range of blocks: the union of its tiles' (masking covers the rest).
+        highest = functools.reduce(jnp.maximum, [x if multicast else jnp.where(in_tile(i), x, 0)
+                                                 for i, x in enumerate(limits)])
         first = split * blocks_per_split
         end = jnp.minimum(first + blocks_per_split, pl.cdiv(highest, block_kv))
 
@@ -310,6 +323,9 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
 
             with jax.named_scope("blocks"):
                 acc, m, l = lax.fori_loop(first, end, step, (acc, m, l))
+            if multicast:  # no tile leaves while the other may still arrive on its ring's barriers
+                plgpu.barrier_arrive(leave.at[0])
+                plgpu.barrier_wait(leave.at[0])
             with jax.named_scope("write_out"):
                 # Every consumer is past its last read of q_smem, which now takes the output.
                 plgpu.barrier_arrive(done.at[0])
@@ -355,7 +371,11 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
                         slot = lax.rem(n, slots)
                         plgpu.barrier_wait(free.at[slot])
                         source = (k_ref, v_ref)[j // consumers].at[b, h, rows_, pl.ds(j % consumers * COLUMNS, COLUMNS)]
-                        plgpu.copy_gmem_to_smem(source, ring.at[slot], ready.at[slot])
+                        plgpu.copy_gmem_to_smem(source, ring.at[slot], ready.at[slot],
+                                                collective_axes="tile" if multicast else None)
+
+    cluster_barrier = (functools.partial(plgpu.ClusterBarrier, collective_axes=("tile",)) if multicast
+                       else plgpu.Barrier)
 
     def entry(*refs):
         swizzled = (plgpu.TilingTransform((8, swizzle // dtype.itemsize)), plgpu.SwizzleTransform(swizzle))
@@ -370,9 +390,11 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
              plgpu.SMEM((2, consumers, ROWS, block_kv), jnp.float32) if share_scores else None),
             (plgpu.Barrier(num_arrivals=consumers * copies_per_chunk, num_barriers=1),
              plgpu.Barrier(num_barriers=slots)),
-            (plgpu.Barrier(num_arrivals=consumers, num_barriers=slots),
+            # A multicast chunk lands in every tile's ring: its slot is free once all tiles' consumers are done.
+            (cluster_barrier(num_arrivals=consumers, num_barriers=slots),
              plgpu.Barrier(num_arrivals=consumers, num_barriers=1),
-             plgpu.Barrier(num_arrivals=consumers, num_barriers=2) if share_scores else None),
+             plgpu.Barrier(num_arrivals=consumers, num_barriers=2) if share_scores else None,
+             cluster_barrier(num_arrivals=consumers, num_barriers=1) if multicast else None),
             collective_axes="wg",
         )
 

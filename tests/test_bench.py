@@ -279,6 +279,13 @@ def test_tiny_keeps_what_was_asked_and_only_tiny_presets():
     assert cli.parser().parse_args(["matmul", "--trials", "3"]).repeats == 3  # the flag's old name
 
 
+def test_the_l2_flush_reads_its_buffer_and_writes_little():
+    """A flush that wrote its buffer would leave dirty lines whose write-back the timed call pays."""
+    from jspec.bench.timing import _l2_flush
+
+    assert jax.block_until_ready(_l2_flush(4 << 20)()).nbytes == (4 << 20) // 256
+
+
 def test_gpu_kernel_times_is_empty_off_a_gpu():
     assert gpu_kernel_times(lambda: jnp.ones(3) + 1, flush_l2_bytes=1 << 10) == []
     assert interleaved_gpu_times({"a": lambda: jnp.ones(3)}, flush_l2_bytes=1 << 10) == {"a": []}

@@ -91,6 +91,14 @@ def test_shapes_it_cannot_run_are_refused():
                                      lengths=[128])[:4], q_positions=positions[:, :1], block_kv=64, share_scores=True)
 
 
+def test_multicast_is_refused_at_64_row_blocks():
+    q = jnp.zeros((1, 9, 32, 512), jnp.bfloat16)
+    cache = jnp.zeros((1, 4, 512, 512), jnp.bfloat16)
+    with pytest.raises(ValueError, match="multicast=True needs 32-row blocks"):
+        decode_attention_wide(q, cache, cache, jnp.array([512]), q_positions=jnp.arange(9)[None], block_kv=64,
+                              multicast=True)
+
+
 def test_a_fuller_m_tile_takes_32_row_blocks_in_a_ring_of_eight():
     assert default_block_kv(5, 32, 4) == 32 and default_block_kv(9, 32, 4) == 32  # 40, 72 rows
     assert default_block_kv(5, 8, 2) == 64 and default_block_kv(9, 8, 2) == 32  # E4B: 20, 36 rows

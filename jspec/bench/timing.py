@@ -26,6 +26,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 
@@ -165,11 +166,32 @@ def _traced_kernels(thunks: list[Callable[[], object]]) -> list[tuple[str, float
 
 
 def _l2_flush(num_bytes: int) -> Callable[[], object]:
-    """A thunk that rewrites ``num_bytes``; an integer xor, so that its kernel's name is unlikely to
-    be any timed call's (:func:`interleaved_gpu_times` splits a trace at it)."""
-    buffer = jnp.zeros((num_bytes // 4,), jnp.uint32)
-    rewrite = jax.jit(lambda x: x ^ jnp.uint32(0x5A5A5A5A))
-    return lambda: rewrite(buffer)
+    """A thunk that reads ``num_bytes`` (and writes 1/256 of that): the L2 cache is left holding
+    clean lines of its buffer only. A flush that wrote its buffer left the cache full of dirty
+    lines, whose write-back the next call paid for (``benchmarks/l2_flush_read_vs_write_h100.json``).
+    A kernel of its own name (``jspec_l2_flush``): :func:`interleaved_gpu_times` splits a trace at it,
+    and XLA's name for a plain reduction is any reduction's."""
+    from jax.experimental import pallas as pl
+
+    from pallas_kernels._dispatch import interpret_mode
+
+    rows, columns = 256, 1024  # 1 MiB a program, read 8 rows at a time
+    programs = max(1, num_bytes // (rows * columns * 4))
+
+    def kernel(x_ref, o_ref):
+        def read(i, acc):
+            return jnp.maximum(acc, x_ref[pl.ds(i * 8, 8), :] ^ jnp.uint32(0x5A5A5A5A))
+
+        acc = lax.fori_loop(0, rows // 8, read, jnp.zeros((8, columns), jnp.uint32))
+        o_ref[...] = jnp.max(acc, axis=0, keepdims=True)
+
+    read_all = jax.jit(pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((programs, columns), jnp.uint32), grid=(programs,),
+        in_specs=[pl.BlockSpec((rows, columns), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((1, columns), lambda i: (i, 0)),
+        interpret=interpret_mode(), name="jspec_l2_flush"))
+    buffer = jnp.zeros((programs * rows, columns), jnp.uint32)
+    return lambda: read_all(buffer)
 
 
 def gpu_kernel_times(fn: Callable[[], object], *, warmup: int = 2,
