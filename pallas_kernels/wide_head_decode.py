@@ -8,8 +8,9 @@ registers). This kernel is built the way FlashMLA runs 512-wide heads:
 
 * one CTA per (KV head, M tile, split, sequence); the query rows x GQA group are WGMMA M tiles of
   64 rows, each held in shared memory for the whole call, so K and V are read from HBM once per KV
-  head and M tile (the tiles of one head run as one cluster and receive each K/V chunk by one
-  multicast copy, so it crosses from L2 to shared memory once for all of them). A GQA
+  head and M tile (the tiles of one head run as one cluster and, at 32-row blocks, the default for
+  several tiles, receive each K/V chunk by one multicast copy: it crosses from L2 to shared memory
+  once for all of them). A GQA
   group of whole 8-row tiles (31B: 8) is copied from q's own layout, one TMA copy per query; a
   smaller one (E4B: 4) is transposed and padded by XLA first (a launch of its own, 2-4 us);
 * a producer warpgroup streams K and V by TMA in chunks of ``block_kv`` rows x 256 columns (per
