@@ -148,7 +148,7 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     227 KiB of shared memory hold beside q; default :func:`default_slots`); ``k_splits``: see
     :func:`default_splits`; ``share_scores``: see :func:`default_share_scores`; ``multicast``: whether
     a cluster of M tiles receives each K/V chunk by one multicast copy (default: wherever a head has
-    several tiles).
+    several tiles and the blocks are 32 rows; ``True`` at other blocks is a ValueError).
     """
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -174,7 +174,7 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     if multicast and block_kv != 32:
         raise ValueError(f"multicast=True needs 32-row blocks (got block_kv={block_kv}): at 64-row blocks "
                          "the multicast ring hung on the H100")
-    multicast = cluster_tiles and block_kv == 32 if multicast is None else multicast and cluster_tiles
+    multicast = multicast is not False and cluster_tiles and block_kv == 32
     consumers = head_dim // COLUMNS
     n_blocks = max_len // block_kv
     chunks = 2 * consumers  # per K/V block: K's column chunks, then V's

@@ -172,6 +172,7 @@ def _l2_flush(num_bytes: int) -> Callable[[], object]:
     A kernel of its own name (``jspec_l2_flush``): :func:`interleaved_gpu_times` splits a trace at it,
     and XLA's name for a plain reduction is any reduction's."""
     from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as pl_triton
 
     from pallas_kernels._dispatch import interpret_mode
 
@@ -189,7 +190,7 @@ def _l2_flush(num_bytes: int) -> Callable[[], object]:
         kernel, out_shape=jax.ShapeDtypeStruct((programs, columns), jnp.uint32), grid=(programs,),
         in_specs=[pl.BlockSpec((rows, columns), lambda i: (i, 0))],
         out_specs=pl.BlockSpec((1, columns), lambda i: (i, 0)),
-        interpret=interpret_mode(), name="jspec_l2_flush"))
+        compiler_params=pl_triton.CompilerParams(num_warps=4), interpret=interpret_mode(), name="jspec_l2_flush"))
     buffer = jnp.zeros((programs * rows, columns), jnp.uint32)
     return lambda: read_all(buffer)
 
