@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from jspec import forward
 from jspec.bench.presets import load_target
-from jspec.bench.timing import _traced_kernels, compile_all, interleaved_gpu_times, time_fn
+from jspec.bench.timing import compile_all, gpu_kernel_times, interleaved_gpu_times, time_fn
 from jspec.engine import cache_length
 
 
@@ -32,8 +32,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
     model = load_target(args.target, jnp.bfloat16)
-    kv = model.init_cache(1, cache_length(args.context, args.context + 64))
-    kv = type(kv)(k=kv.k, v=kv.v, lengths=jnp.full((1,), args.context, jnp.int32))
+    kv = model.init_cache(1, cache_length(args.context, args.context + 64)).advance(args.context)
     token = jnp.ones((1, 1), jnp.int32)
     lowered = {impl: jax.jit(functools.partial(forward, impl=impl)).lower(model, token, kv) for impl in args.impls}
     compiled = compile_all(lowered)
@@ -42,7 +41,7 @@ def main():
     rows = {}
     for impl, call in calls.items():
         rows[impl] = dict(gpu_us=round(statistics.median(gpu[impl]) * 1e6, 1) if gpu[impl] else None,
-                          kernels=len(_traced_kernels([call])),
+                          kernels=len(gpu_kernel_times(call, warmup=0)),
                           wall_ms=round(time_fn(call, repeats=4 * args.repeats).median_s * 1e3, 4))
         print(impl, rows[impl], flush=True)
     result = dict(device=jax.devices()[0].device_kind, target=args.target, context=args.context,
