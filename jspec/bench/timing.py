@@ -202,8 +202,9 @@ def gpu_kernel_times(fn: Callable[[], object], *, warmup: int = 2,
     The times come from the profiler (CUPTI): each kernel's own time on the GPU, without host
     dispatch or the gaps between kernels, the same quantity torch's profiler and Nsight report, so
     a kernel can be compared with a peer's kernel regardless of how either framework launches it.
-    ``flush_l2_bytes``: rewrite a buffer that large just before the traced call, so that inputs the
-    warm-up left in the L2 cache are read from memory again (a cold call). Empty off a GPU.
+    ``flush_l2_bytes``: read a buffer that large (:func:`_l2_flush`) just before the traced call, so
+    that inputs the warm-up left in the L2 cache are read from memory again (a cold call). Empty off
+    a GPU.
     """
     if jax.default_backend() != "gpu":  # no GPU kernels to time: skip the warm-up and the trace
         return []
