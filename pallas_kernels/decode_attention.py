@@ -131,15 +131,14 @@ def use_pallas(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype
     (H100, batch 1, contexts 128-2048, SmolLM2-135M / Llama-3.2-1B / Llama-3.1-8B shapes: GPU time
     of a decode step and of a 5-row verify forward lower or tied at every shape, the on-device
     decode loop up to 10% faster in 8 of 9 cells, an EAGLE-3 round of SmolLM2 2.25 against 3.34
-    ms). Wider heads (Gemma 4's 256 / 512) were timed at tiny caches only alone, so they keep that
-    rule: the reference below 2**21 K elements (``batch * kv_heads * max_len * head_dim``) for one
-    query row, 2**20 for several.
+    ms). Gemma 4's wider heads (256 / 512) at the same tiny caches (``draft_attention_gemma4_small_cache_h100.json``:
+    E4B and 31B, full and sliding layers, batch 1 / 8, contexts 640-2048, 1 / 5 query rows): the kernel
+    path faster in every cell (1.1-4.3x) but two ties (E4B full, batch 1, one row, 640 / 1024 rows:
+    12.1 vs 11.9 and 14.1 vs 13.9 us), so they take it too.
     """
     if jnp.dtype(dtype).itemsize != 2 or head_dim > 512:
         return False
-    if head_dim > 256 and num_q * (num_q_heads // num_kv_heads) > 64:
-        return False
-    return head_dim <= 128 or batch * num_kv_heads * max_len * head_dim >= (2**21 if num_q == 1 else 2**20)
+    return head_dim <= 256 or num_q * (num_q_heads // num_kv_heads) <= 64
 
 
 def use_wide_kernel(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, *, tail_mask=None,
