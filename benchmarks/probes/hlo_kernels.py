@@ -9,6 +9,7 @@ A GPU run writes the dump and the profile; this script reads them anywhere::
         --steps 64 --repeats 3 --impl auto
     python benchmarks/probes/hlo_kernels.py DUMP_DIR E4B_JSON --row 0   # the profile's kernels
     python benchmarks/probes/hlo_kernels.py DUMP_DIR --module jit_generate_on_device   # every fusion of the loop
+    python benchmarks/probes/hlo_kernels.py DUMP_DIR step_impls.json --row auto --module jit_forward
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ def fusions(text: str) -> dict[str, dict]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dump", help="the --xla_dump_to folder")
-    parser.add_argument("profile", nargs="?", help="a decode JSON with step_profile (else: every fusion)")
-    parser.add_argument("--row", type=int, default=0, help="the JSON row")
+    parser.add_argument("profile", nargs="?", help="a decode JSON with step_profile, or step_impls.py's JSON "
+                        "(else: every fusion)")
+    parser.add_argument("--row", default="0", help="the JSON row (step_impls.py's: the impl)")
     parser.add_argument("--module", default="jit_run", help="the module's name in the dump (the decode "
                         "benchmark's step is jit_run, its loop jit_generate_on_device)")
     args = parser.parse_args()
@@ -100,8 +102,11 @@ def main():
         sys.exit(f"{len(modules)} modules named {args.module} in {args.dump}: {[p.name for p in modules]}")
     table = fusions(modules[0].read_text())
     if args.profile:
-        row = json.loads(Path(args.profile).read_text())["rows"][args.row]
-        kernels = [(k["name"], k["count"], k["ms"]) for k in row["step_profile"]["top_kernels"]]
+        rows = json.loads(Path(args.profile).read_text())["rows"]
+        if isinstance(rows, dict):  # step_impls.py: rows by impl, kernels by name in us
+            kernels = [(k["name"], k["count"], k["us"] / 1e3) for k in rows[args.row]["by_kernel"]]
+        else:
+            kernels = [(k["name"], k["count"], k["ms"]) for k in rows[int(args.row)]["step_profile"]["top_kernels"]]
     else:
         kernels = [(name, None, None) for name in table]
     for name, count, ms in kernels:

@@ -1,8 +1,9 @@
 """One decode step of a model under several ``impl`` choices, one process, one set of weights: GPU
-time of the step's kernels (interleaved, each call after an L2 flush), their count, and the wall
-time of the jitted step. The step programs compile in parallel (a loop row of Gemma 4 E4B takes
-~250 s to compile; its step alone, less). Batch 1, bf16 random weights, a cache of ``--context``
-rows. H100::
+time of the step's kernels (interleaved, each call after an L2 flush), their count, the wall time
+of the jitted step, and a warm call's kernels by name (count, GPU us; with an XLA dump,
+``hlo_kernels.py`` names the source lines fused into each XLA kernel). The step programs compile
+in parallel (a loop row of Gemma 4 E4B takes ~250 s to compile; its step alone, less). Batch 1,
+bf16 random weights, a cache of ``--context`` rows. H100::
 
     PYTHONPATH=. python benchmarks/probes/step_impls.py gemma-4-e4b --impls auto auto,decode_attention=pallas
 """
@@ -40,14 +41,25 @@ def main():
     gpu = interleaved_gpu_times(calls, repeats=args.repeats)
     rows = {}
     for impl, call in calls.items():
+        kernels = gpu_kernel_times(call, warmup=0)
         rows[impl] = dict(gpu_us=round(statistics.median(gpu[impl]) * 1e6, 1) if gpu[impl] else None,
-                          kernels=len(gpu_kernel_times(call, warmup=0)),
-                          wall_ms=round(time_fn(call, repeats=4 * args.repeats).median_s * 1e3, 4))
-        print(impl, rows[impl], flush=True)
+                          kernels=len(kernels),
+                          wall_ms=round(time_fn(call, repeats=4 * args.repeats).median_s * 1e3, 4),
+                          by_kernel=by_kernel(kernels))
+        print(impl, {k: v for k, v in rows[impl].items() if k != "by_kernel"}, flush=True)
     result = dict(device=jax.devices()[0].device_kind, target=args.target, context=args.context,
                   weights="random bf16", repeats=args.repeats, rows=rows)
     with open(os.path.join(os.environ.get("OUT", "/tmp"), "step_impls.json"), "w") as f:
         json.dump(result, f, indent=1)
+
+
+def by_kernel(kernels: list[tuple[str, float]]) -> list[dict]:
+    """A warm call's kernels grouped by name, most GPU time first: name, count, total us."""
+    totals: dict[str, list[float]] = {}
+    for name, seconds in kernels:
+        totals.setdefault(name, []).append(seconds)
+    rows = [dict(name=name, count=len(times), us=round(sum(times) * 1e6, 2)) for name, times in totals.items()]
+    return sorted(rows, key=lambda row: -row["us"])
 
 
 if __name__ == "__main__":
