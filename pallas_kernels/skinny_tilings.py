@@ -54,6 +54,14 @@ _TUNED = {
     (12288, 4096): {1: ((64, 256, 1, 4, 4), True)},
     (8192, 6144): {1: ((64, 128, 1, 4, 6), True)},
     (4096, 32000): {1: ((128, 64, 1, 4, 6), True)},
+    # Gemma 4 E4B's per-layer-input gate (2560 -> 256) and projection (256 -> 2560) at M = 1, the sweep's
+    # best tilings: GPU time 0.29 / 0.50 TB/s, XLA's dot 0.18 / 0.45 (two kernels for the gate's)
+    # (``skinny_matmul_ple_e4b_h100.json``); E4B's decode loop 4.901 against 5.071 ms/token
+    # (``decode_h100_e4b_ple.json``: processes overlapping, the clean row was cut). The gate's partial
+    # sums in the projection's prologue instead of an XLA fusion between them measured slower (5.233
+    # against 5.058): the work on x between its load and the dot costs more than the launch it saves.
+    (2560, 256): {1: ((32, 128, 4, 4, 4), True)},
+    (256, 2560): {1: ((32, 128, 1, 4, 4), True)},
 }
 
 

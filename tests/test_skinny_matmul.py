@@ -119,6 +119,9 @@ def test_auto_rule():
     assert sm._auto_uses_pallas(1, 896, 2 * 4864, bf, bf)
     assert not sm._auto_uses_pallas(5, 576, 960, bf, bf)
     assert not sm._auto_uses_pallas(1, 256, 256, bf, bf)
+    # Gemma 4 E4B's per-layer-input gate and projection: measured, so the kernel at one row, XLA beyond
+    assert sm._auto_uses_pallas(1, 2560, 256, bf, bf) and sm._auto_uses_pallas(1, 256, 2560, bf, bf)
+    assert not sm._auto_uses_pallas(5, 2560, 256, bf, bf)
     assert not sm._auto_uses_pallas(128, 4096, 4096, bf, bf)
 
 
