@@ -84,6 +84,16 @@ def test_decode_loop_only_times_the_loop_alone(tmp_path):
         _bench("decode", "--tiny", "--out", out, "--targets", "tiny", "--loop-only", "--verify-rows", "3")
 
 
+def test_a_compile_cache_keeps_the_programs_and_the_json_says_where(tmp_path):
+    """--compile-cache DIR: every compiled program lands in DIR (a rerun loads it); its own process,
+    since JAX's cache is process-wide."""
+    out, cache = tmp_path / "decode.json", tmp_path / "cache"
+    subprocess.run([sys.executable, "-m", "jspec.bench", "decode", "--tiny", "--out", str(out), "--targets", "tiny",
+                    "--loop-only", "--compile-cache", str(cache)], check=True, capture_output=True, cwd=ROOT)
+    assert _result(out)["environment"]["compilation_cache"] == str(cache)
+    assert any(path.name.startswith("jit_generate_on_device") for path in cache.iterdir())
+
+
 def test_spec_tiny_controlled_acceptance_accepts_everything_at_alpha_1(tmp_path):
     """A Gemma 4 target drafted by a Llama-family draft model: rounds with stages, end to end,
     the policy; at alpha = 1 every draft is accepted (k + 1 tokens per round), and the JSON says

@@ -16,7 +16,7 @@ Subcommands:
             shapes) under impl=invariant, and the drift under auto
 
 Every subcommand takes, after its name, --tiny (a seconds-long CPU smoke run on tiny shapes),
---out, --dtype, --seed, --repeats and, where meaningful, --impl. Targets are presets (random
+--out, --dtype, --seed, --repeats, --compile-cache and, where meaningful, --impl. Targets are presets (random
 weights generated on the device from the real configs) or checkpoint directories. Every result
 is one JSON schema (``jspec.bench.report``): the command, the environment and rows.
 """
@@ -52,10 +52,18 @@ TENSOR_PARALLEL_MEMORY = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.90", "XLA_PYTHON_
 
 def prepare_environment(args: argparse.Namespace) -> None:
     """Settings that must precede the first use of a device: with ``--tp`` > 1, JAX may take
-    most of each GPU, as it needs it (:data:`TENSOR_PARALLEL_MEMORY`), unless the user chose."""
+    most of each GPU, as it needs it (:data:`TENSOR_PARALLEL_MEMORY`), unless the user chose;
+    with ``--compile-cache DIR``, every program compiled from here on is kept in DIR, however
+    briefly it compiled, and loaded from there when a later run compiles it again."""
     if getattr(args, "tp", 1) > 1:
         for name, value in TENSOR_PARALLEL_MEMORY.items():
             os.environ.setdefault(name, value)
+    if getattr(args, "compile_cache", None):
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", os.path.abspath(args.compile_cache))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def main(argv: list[str] | None = None) -> int:

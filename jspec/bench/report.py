@@ -6,7 +6,8 @@ A result is::
      "command": "spec" | "kernels check" | ...,       # subcommand [action]
      "argv": [...],                                   # the command line
      "environment": {device, platform, jax_version, python, dtype, seed, weights, date, xla_flags,
-                     loop_compiler_options, tokamax_version},  # the last two since 2026-11-26
+                     loop_compiler_options, tokamax_version,  # these two since 2026-11-26
+                     compilation_cache},                      # since 2026-11-27: --compile-cache
      "rows": [{"measure": "<name>", ...fields...}, ...],
      ...}                                             # a few extras: copy_bandwidth, notes
 
@@ -49,6 +50,7 @@ def environment(dtype, seed: int | None, *, weights: str = "random (generated on
         # What jspec's on-device loops are compiled with, whatever XLA_FLAGS says.
         "loop_compiler_options": dict(LOOP_COMPILER_OPTIONS),
         "tokamax_version": peers.version(),  # the peer kernel library, where installed
+        "compilation_cache": jax.config.jax_compilation_cache_dir,  # --compile-cache (None: every program compiled)
     }
 
 
