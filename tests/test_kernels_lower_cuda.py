@@ -112,6 +112,8 @@ def test_add_rms_norm_with_a_scale_lowers_for_cuda():
         (1, 4096, 14336, jnp.bfloat16, None),  # decode, swept config
         (5, 2048, 3072, jnp.bfloat16, None),  # verify rows, heuristic config with split-K
         (1, 576, 960, jnp.bfloat16, None),  # a small model's qkv: one split of 32-column tiles, ragged K
+        (1, 2560, 256, jnp.bfloat16, None),  # Gemma 4 E4B's per-layer-input gate (tuned: 4 splits)
+        (1, 256, 2560, jnp.bfloat16, None),  # ... and its projection (tuned: one split)
         (64, 4096, 128256, jnp.bfloat16, None),  # LM head, M = 64
         (3, 1000, 777, jnp.bfloat16, (64, 256, 3, 4, 4)),  # ragged K, N and split
         (17, 300, 200, jnp.float32, (32, 64, 2, 8, 3)),  # fp32, masks everywhere
