@@ -103,10 +103,8 @@ def main():
     table = fusions(modules[0].read_text())
     if args.profile:
         rows = json.loads(Path(args.profile).read_text())["rows"]
-        if isinstance(rows, dict):  # step_impls.py: rows by impl, kernels by name in us
-            kernels = [(k["name"], k["count"], k["us"] / 1e3) for k in rows[args.row]["by_kernel"]]
-        else:
-            kernels = [(k["name"], k["count"], k["ms"]) for k in rows[int(args.row)]["step_profile"]["top_kernels"]]
+        row = rows[args.row] if isinstance(rows, dict) else rows[int(args.row)]  # step_impls.py's: by impl
+        kernels = [(k["name"], k["count"], k["ms"]) for k in row["step_profile"]["top_kernels"]]
     else:
         kernels = [(name, None, None) for name in table]
     for name, count, ms in kernels:

@@ -20,8 +20,9 @@ import jax
 import jax.numpy as jnp
 
 from jspec import forward
+from jspec.bench.decode import kernel_profile
 from jspec.bench.presets import load_target
-from jspec.bench.timing import compile_all, gpu_kernel_times, interleaved_gpu_times, time_fn
+from jspec.bench.timing import compile_all, interleaved_gpu_times, time_fn
 from jspec.engine import cache_length
 
 
@@ -41,25 +42,16 @@ def main():
     gpu = interleaved_gpu_times(calls, repeats=args.repeats)
     rows = {}
     for impl, call in calls.items():
-        kernels = gpu_kernel_times(call, warmup=0)
+        profile = kernel_profile(call, top=10**6)  # every kernel name of a warm call, as the decode benchmark's
         rows[impl] = dict(gpu_us=round(statistics.median(gpu[impl]) * 1e6, 1) if gpu[impl] else None,
-                          kernels=len(kernels),
+                          kernels=profile and profile["kernels"],
                           wall_ms=round(time_fn(call, repeats=4 * args.repeats).median_s * 1e3, 4),
-                          by_kernel=by_kernel(kernels))
-        print(impl, {k: v for k, v in rows[impl].items() if k != "by_kernel"}, flush=True)
+                          step_profile=profile)
+        print(impl, {k: v for k, v in rows[impl].items() if k != "step_profile"}, flush=True)
     result = dict(device=jax.devices()[0].device_kind, target=args.target, context=args.context,
                   weights="random bf16", repeats=args.repeats, rows=rows)
     with open(os.path.join(os.environ.get("OUT", "/tmp"), "step_impls.json"), "w") as f:
         json.dump(result, f, indent=1)
-
-
-def by_kernel(kernels: list[tuple[str, float]]) -> list[dict]:
-    """A warm call's kernels grouped by name, most GPU time first: name, count, total us."""
-    totals: dict[str, list[float]] = {}
-    for name, seconds in kernels:
-        totals.setdefault(name, []).append(seconds)
-    rows = [dict(name=name, count=len(times), us=round(sum(times) * 1e6, 2)) for name, times in totals.items()]
-    return sorted(rows, key=lambda row: -row["us"])
 
 
 if __name__ == "__main__":

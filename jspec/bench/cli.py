@@ -16,9 +16,9 @@ Subcommands:
             shapes) under impl=invariant, and the drift under auto
 
 Every subcommand takes, after its name, --tiny (a seconds-long CPU smoke run on tiny shapes),
---out, --dtype, --seed, --repeats, --compile-cache and, where meaningful, --impl. Targets are presets (random
-weights generated on the device from the real configs) or checkpoint directories. Every result
-is one JSON schema (``jspec.bench.report``): the command, the environment and rows.
+--out, --dtype, --seed, --repeats, --compile-cache and, where meaningful, --impl. Targets are
+presets (random weights generated on the device from the real configs) or checkpoint directories.
+Every result is one JSON schema (``jspec.bench.report``): the command, the environment and rows.
 """
 
 from __future__ import annotations
