@@ -166,9 +166,8 @@ def rope_write_pallas(qkv, cos, sin, k_buf, v_buf, kv_lengths, q_norm=None, k_no
 
 def rope_write(qkv, cos, sin, k_buf, v_buf, kv_lengths, *, num_heads, num_kv_heads, q_norm=None, k_norm=None,
                eps=1e-6, norm=None, v_norm=False, k_eq_v=False, impl="auto"):
-    """Dispatcher. ``"pallas"``, and ``"auto"`` on a GPU for Llama / Qwen's norms (``norm`` None): the
-    kernel (head_dim / 2 a power of two, else the reference); ``"xla"`` and ``"invariant"`` (elementwise
-    work: exact either way), and ``"auto"`` for Gemma 4's norms: the reference.
+    """Dispatcher. ``"pallas"``, and ``"auto"`` on a GPU: the kernel (head_dim / 2 a power of two, else
+    the reference); ``"xla"`` and ``"invariant"`` (elementwise work: exact either way): the reference.
     ``norm``: the q / k norms' rounding (None: Llama / Qwen3's :func:`rms_norm`; ``"fp32_scale"``: Gemma 4's),
     ``v_norm``: v normed without a weight (Gemma 4), ``k_eq_v``: qkv holds no v columns, V is the raw K.
 
@@ -176,16 +175,17 @@ def rope_write(qkv, cos, sin, k_buf, v_buf, kv_lengths, *, num_heads, num_kv_hea
     the kernel won or tied in every Llama-family model, in the on-device loop SmolLM2-135M batch 1
     1.117 vs 1.267 ms/token, Llama-3.2-1B 1.338 vs 1.386, Llama-3.1-8B 6.849 vs 7.139; at batch 16 ties
     (1.043 / 1.054, 6.062 / 6.067); the verify of 5 rows faster everywhere (8B batch 16 GPU time 7.255 vs
-    7.258 ms, wall 9.97 vs 12.40) and prefill tied. Gemma 4's variant (its norms, head_dim 256 / 512)
-    saves GPU time (E4B batch 1: a step's kernels 5.491 vs 5.684 ms, 1091 vs 1236 launches) but the
-    whole on-device loop runs slower with it, 5.585 vs 5.336 ms/token
-    (``benchmarks/decode_h100_e4b_rope_write.json``), so ``auto`` leaves Gemma 4 to the reference."""
+    7.258 ms, wall 9.97 vs 12.40) and prefill tied. Gemma 4's variant (its norms, head_dim 256 / 512):
+    E4B's loop at batch 1 4.781 / 4.775 vs 4.886 / 4.885 ms/token with the reference (each timed alone,
+    ``benchmarks/decode_h100_e4b_ple_rope.json``), since its attention runs on the kernel at small caches
+    too (with attention on XLA's reference the loop had run slower with this kernel, 5.585 vs 5.336,
+    ``benchmarks/decode_h100_e4b_rope_write.json``)."""
     impl = check_impl(impl, "rope_write")
     check_norm(norm, v_norm)
     head_dim = k_buf.shape[-1]
     shapes_fit = head_dim % 2 == 0 and (head_dim // 2) & (head_dim // 2 - 1) == 0
     options = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, eps=eps, norm=norm, v_norm=v_norm, k_eq_v=k_eq_v)
-    if shapes_fit and (impl == "pallas" or (impl == "auto" and norm is None and on_gpu())):
+    if shapes_fit and (impl == "pallas" or (impl == "auto" and on_gpu())):
         return tuple(rope_write_pallas(qkv, cos, sin, k_buf, v_buf, kv_lengths, q_norm, k_norm,
                                        interpret=not on_gpu(), **options))
     return rope_write_reference(qkv, cos, sin, k_buf, v_buf, kv_lengths, q_norm=q_norm, k_norm=k_norm, **options)
