@@ -34,6 +34,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import pdl
 from pallas_kernels._dispatch import check_impl, interpret_mode, on_gpu
 from pallas_kernels.gather_rows import FP32_SCALE, llama_scaled, rms_norm, rms_norm_fp32_scale
 from pallas_kernels.split_kv import _next_pow2
@@ -161,7 +162,7 @@ def add_rms_norm_pallas(x, parts, weight, eps, *, y_weight=None, norm=None, scal
     if weight is not None:
         normed_dtype = x.dtype if norm == FP32_SCALE else jnp.promote_types(x.dtype, weight.dtype)
         out_shape.append(jax.ShapeDtypeStruct((rows, hidden), normed_dtype))
-    outs = pl.pallas_call(
+    outs = pdl.pallas_call(
         kernel,
         grid=(rows,),
         in_specs=[row_spec, pl.BlockSpec((flat,), lambda r: (0,)), *[vector_spec(hidden)] * len(weights),

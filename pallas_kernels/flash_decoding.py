@@ -33,6 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import pdl
 from pallas_kernels._dispatch import interpret_mode
 from pallas_kernels.decode_tiling import tiling
 from pallas_kernels.split_kv import (
@@ -300,7 +301,7 @@ def _decode_call(
             window=None if window is None else int(window), n_words=n_words, interpret=bool(interpret),
         )
 
-    outs = pl.pallas_call(
+    outs = pdl.pallas_call(
         kernel,
         # The M blocks of one KV head come next to each other in launch order: they read the same
         # K/V blocks at about the same time, so all but the first find them in L2.

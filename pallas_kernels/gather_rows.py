@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import pdl
 from pallas_kernels._dispatch import check_impl, interpret_mode, on_gpu
 from pallas_kernels.split_kv import _next_pow2
 
@@ -123,7 +124,7 @@ def gather_rows_pallas(x, rows, *, norm_weight=None, eps=1e-6, norm=None, num_wa
     if has_weight:
         in_specs.append(pl.BlockSpec((hidden,), lambda b, i: (0,)))
         args.append(norm_weight)
-    out = pl.pallas_call(
+    out = pdl.pallas_call(
         kernel,
         grid=(batch, n),
         in_specs=in_specs,

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import pdl
 from pallas_kernels._dispatch import check_impl, interpret_mode, on_gpu
 from pallas_kernels.gather_rows import FP32_SCALE, rms_norm, rms_norm_fp32_scale
 
@@ -152,7 +153,7 @@ def rope_write_pallas(qkv, cos, sin, k_buf, v_buf, kv_lengths, q_norm=None, k_no
                                half=half, eps=float(eps), qk_norm=q_norm is not None, norm=norm, v_norm=v_norm,
                                k_eq_v=k_eq_v)
     inputs = [kv_lengths.astype(jnp.int32), qkv, cos, sin, *norms, k_buf, v_buf]
-    return pl.pallas_call(
+    return pdl.pallas_call(
         kernel,
         grid=(batch, num_heads + num_kv_heads, pl.cdiv(rows, block_t)),
         out_shape=[jax.ShapeDtypeStruct((batch, rows, num_heads, head_dim), qkv.dtype),

@@ -48,6 +48,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import pdl
 from pallas_kernels._dispatch import check_impl, interpret_mode, on_gpu
 from pallas_kernels.skinny_tilings import (  # noqa: F401 (re-exported: the tilings are part of this kernel's API)
     _TUNED, INVARIANT_BLOCK_M, SkinnyConfig, _m_bucket, _pow2_at_least, default_config, gated_config, invariant_config,
@@ -200,7 +201,7 @@ def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool, w_t
     else:
         out_shape = jax.ShapeDtypeStruct((split_k, m, n), jnp.float32)
         out_spec = pl.BlockSpec((None, rows_per_program, block_n), lambda r, i, s: (s, r, i))
-    out = pl.pallas_call(
+    out = pdl.pallas_call(
         kernel,
         out_shape=out_shape,
         grid=grid,

@@ -19,6 +19,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import pdl
+
 # Finite so that a fully masked row never produces inf - inf = NaN.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
@@ -166,7 +168,7 @@ def combine_partials(out, o_part, m_part, l_part, kv_lengths, q_positions, *, ba
         _combine_kernel, batch=batch, num_q=num_q, rows=rows, rows_per_program=rows_per_program, max_len=max_len,
         block_k=block_k, window=None if window is None else int(window), has_tail=has_tail, num_programs=num_programs,
     )
-    return pl.pallas_call(
+    return pdl.pallas_call(
         kernel,
         grid=(batch, -(-rows // rows_per_program)),
         out_shape=jax.ShapeDtypeStruct(out.shape, out.dtype),

@@ -21,6 +21,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import pdl
 from pallas_kernels.split_kv import _next_pow2
 
 
@@ -94,7 +95,7 @@ def merge_splits(partials, lse, *, num_q, num_kv_heads, group, dtype, interpret=
     columns = min(head_dim, _floor_pow2(max(16, 8192 // (_next_pow2(k_splits) * group))))
     kernel = functools.partial(_merge_kernel, num_kv_heads=num_kv_heads, tiles=tiles, tile_rows=tile_rows,
                                k_splits=k_splits, group=group, columns=columns, head_dim=head_dim)
-    return pl.pallas_call(
+    return pdl.pallas_call(
         kernel,
         grid=(batch * num_kv_heads, num_q, head_dim // columns),
         in_specs=[pl.no_block_spec] * 2,

@@ -1,0 +1,62 @@
+"""Programmatic dependent launch (PDL) from inside a Pallas kernel: let the next kernel launch early.
+
+On Hopper XLA compiles every kernel, the Pallas (Triton) calls included, with ``griddepcontrol.wait``
+at its entry and launches it as a programmatic dependent of the kernel before it (jaxlib's defaults
+``xla_gpu_enable_pdl`` / ``xla_gpu_enable_pdl_launch``; turning them off costs the small models'
+decode loop 3.5-7.5%, ``benchmarks/loop_options_pdl_off_h100.json``). A kernel that never triggers
+lets its dependent launch only as its blocks exit. :func:`launch_dependents` triggers at once: the
+next kernel's launch and block scheduling then overlap this kernel's work, and its wait still holds
+every read until this kernel has finished and its writes are visible.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from jax._src import core as jax_core
+from jax._src.lib.mlir import ir
+from jax._src.lib.triton import dialect as tt_dialect
+from jax._src.pallas.triton import lowering
+from jax._src.pallas.triton.primitives import barrier_effect
+from jax.experimental import pallas as pl
+
+# jax exposes Triton's inline assembly only as a pure op (dropped when its result is unused), so the
+# trigger is a primitive of its own with an effect, lowered to the same op marked impure.
+launch_dependents_p = jax_core.Primitive("jspec_launch_dependents")
+launch_dependents_p.multiple_results = True
+
+
+@launch_dependents_p.def_effectful_abstract_eval
+def _abstract_eval():
+    return (), {barrier_effect}
+
+
+@lowering.register_lowering(launch_dependents_p)
+def _lowering(ctx):
+    del ctx
+    tt_dialect.elementwise_inline_asm([ir.IntegerType.get_signless(32)], "griddepcontrol.launch_dependents;\n\t"
+                                      "mov.u32 $0, 0;", constraints="=r", pure=False, packed_element=1, args=[])
+    return []
+
+
+def launch_dependents() -> None:
+    """``griddepcontrol.launch_dependents`` in every thread of the program (GPU lowering only)."""
+    launch_dependents_p.bind()
+
+
+def triggering(kernel, *, interpret: bool):
+    """``kernel`` with :func:`launch_dependents` first; itself in the interpreter, which has no PDL."""
+    if interpret:
+        return kernel
+
+    @functools.wraps(kernel)
+    def body(*refs):
+        launch_dependents()
+        return kernel(*refs)
+
+    return body
+
+
+def pallas_call(kernel, *, interpret: bool, **kwargs):
+    """``pl.pallas_call`` of ``kernel`` that triggers its dependents at entry on the GPU."""
+    return pl.pallas_call(triggering(kernel, interpret=interpret), interpret=interpret, **kwargs)
