@@ -37,6 +37,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import pdl
 from pallas_kernels._dispatch import interpret_mode
 from pallas_kernels.split_kv import _MASK_VALUE, _next_pow2
 
@@ -207,7 +208,7 @@ def decode_attention_invariant(q, k, v, kv_lengths, *, q_positions, tail_mask=No
     compute_dtype = jnp.float32 if interpret else k.dtype  # XLA:CPU lacks some 16-bit dots; fp32 products are exact
 
     tile = lambda b, h, t, s: (b, h, t, 0)  # noqa: E731
-    o_part, m_part, l_part = pl.pallas_call(
+    o_part, m_part, l_part = pdl.pallas_call(
         functools.partial(_split_kernel, block_k=block_k, split_rows=split_rows, scale=float(scale),
                           compute_dtype=compute_dtype, num_tail=0 if tail_mask is None else num_q, group=group),
         grid=(batch, num_kv_heads, padded // BLOCK_M, num_splits),
@@ -227,7 +228,7 @@ def decode_attention_invariant(q, k, v, kv_lengths, *, q_positions, tail_mask=No
         interpret=interpret,
         name="invariant_attention",
     )(q_rows, k, v, row_lo, row_hi, lengths, *extra_in)
-    out = pl.pallas_call(
+    out = pdl.pallas_call(
         functools.partial(_merge_kernel, num_splits=num_splits),
         grid=(batch, num_kv_heads, padded // BLOCK_M),
         in_specs=[pl.BlockSpec((None, None, num_splits, BLOCK_M, d), lambda b, h, t: (b, h, 0, t, 0)),
