@@ -20,7 +20,7 @@ from jspec.bench import catch_up, cli, report
 from jspec.bench.flags import apply_tiny
 from jspec.bench.presets import abstract_target, confident
 from jspec.bench.roofline import kv_bytes_per_step, weight_bytes_per_step
-from jspec.bench.timing import Timing, gpu_kernel_times, interleaved_gpu_times
+from jspec.bench.timing import Timing, gpu_kernel_times, interleaved_gpu_times, own_times
 from jspec.drafters import Eagle3
 from jspec.policy import round_costs_from_benchmark
 from tests.tiny import TINY_GEMMA4, eagle3_head, tiny_gemma4, tiny_model
@@ -299,6 +299,16 @@ def test_the_l2_flush_reads_its_buffer_and_writes_little():
 def test_gpu_kernel_times_is_empty_off_a_gpu():
     assert gpu_kernel_times(lambda: jnp.ones(3) + 1, flush_l2_bytes=1 << 10) == []
     assert interleaved_gpu_times({"a": lambda: jnp.ones(3)}, flush_l2_bytes=1 << 10) == {"a": []}
+
+
+def test_a_kernels_time_is_what_it_adds_beyond_the_kernels_before_it():
+    """A dependent kernel launched early (PDL) overlaps its predecessor and waits for it: only
+    the time past the predecessor's end is its own; the times sum to the GPU's busy time."""
+    events = [(100, "b", 50), (0, "a", 120), (200, "c", 10), (205, "d", 3), (300, "e", 20)]  # (start, name, ns)
+    got = own_times(events)
+    assert [name for name, _ in got] == ["a", "b", "c", "d", "e"]
+    np.testing.assert_allclose([seconds * 1e9 for _, seconds in got], [120, 30, 10, 0, 20])
+    assert sum(seconds for _, seconds in got) * 1e9 == pytest.approx(120 + 30 + 10 + 20)
 
 
 def test_catch_up_variants_match_the_librarys():

@@ -8,9 +8,9 @@ spread (:class:`Timing`); every timed region ends by synchronising on its output
   ``state -> state`` step; :func:`chained` makes one program of ``inner`` dependent calls
   (``Timing.per`` divides by the calls a sample covers).
 * :func:`cuda_event_times` -- GPU time between two CUDA events (torch).
-* :func:`gpu_kernel_times`, :func:`interleaved_gpu_times` -- each kernel's own GPU time from
-  the profiler (CUPTI), optionally after an L2 flush; :func:`torch_kernel_seconds` the same
-  quantity from torch's profiler.
+* :func:`gpu_kernel_times`, :func:`interleaved_gpu_times` -- each kernel's GPU time beyond the
+  kernels before it (:func:`own_times`) from the profiler (CUPTI), optionally after an L2 flush;
+  :func:`torch_kernel_seconds` each kernel's time from torch's profiler.
 * :func:`compile_all` -- compile many lowered programs in parallel threads before timing.
 """
 
@@ -145,9 +145,24 @@ def compile_all(lowered: dict, threads: int = 8) -> dict:
         return dict(zip(lowered, pool.map(lambda low: low.compile(), lowered.values())))
 
 
+def own_times(events: list[tuple[int, str, int]]) -> list[tuple[str, float]]:
+    """``(name, seconds)`` in start order from kernel events ``(start_ns, name, duration_ns)``: each
+    kernel's time beyond the kernels before it, its end minus the later of its start and every
+    earlier kernel's end. Under programmatic dependent launch (``pallas_kernels/pdl.py``) a kernel
+    starts while the one before it still runs and waits for it at entry; its own duration would count
+    that wait twice. The times sum to the time the GPU was busy."""
+    times, frontier = [], 0
+    for start, name, duration in sorted(events):
+        end = start + duration
+        times.append((name, max(0, end - max(start, frontier)) * 1e-9))
+        frontier = max(frontier, end)
+    return times
+
+
 def _traced_kernels(thunks: list[Callable[[], object]]) -> list[tuple[str, float]]:
     """``(kernel name, seconds)`` of every GPU kernel the thunks run, in launch order, from one
-    profiler trace (CUPTI): each kernel's own time on the GPU, without host dispatch or gaps."""
+    profiler trace (CUPTI): each kernel's time on the GPU (:func:`own_times`), without host
+    dispatch or gaps."""
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir):
             for thunk in thunks:
@@ -160,9 +175,9 @@ def _traced_kernels(thunks: list[Callable[[], object]]) -> list[tuple[str, float
         for line in plane.lines:
             if not line.name.startswith("Stream"):  # "XLA Ops" / "XLA Modules" repeat the kernels
                 continue
-            kernels += [(event.start_ns, event.name, event.duration_ns * 1e-9) for event in line.events
+            kernels += [(event.start_ns, event.name, event.duration_ns) for event in line.events
                         if not event.name.startswith(("Memcpy", "Memset"))]
-    return [(name, seconds) for _, name, seconds in sorted(kernels)]
+    return own_times(kernels)
 
 
 def _l2_flush(num_bytes: int) -> Callable[[], object]:
@@ -199,8 +214,8 @@ def gpu_kernel_times(fn: Callable[[], object], *, warmup: int = 2,
                      flush_l2_bytes: int = 0) -> list[tuple[str, float]]:
     """``(kernel name, seconds)`` of every GPU kernel that one call of ``fn()`` runs.
 
-    The times come from the profiler (CUPTI): each kernel's own time on the GPU, without host
-    dispatch or the gaps between kernels, the same quantity torch's profiler and Nsight report, so
+    The times come from the profiler (CUPTI): each kernel's time on the GPU beyond the kernels
+    before it (:func:`own_times`), without host dispatch or the gaps between kernels, the same quantity torch's profiler and Nsight report, so
     a kernel can be compared with a peer's kernel regardless of how either framework launches it.
     ``flush_l2_bytes``: read a buffer that large (:func:`_l2_flush`) just before the traced call, so
     that inputs the warm-up left in the L2 cache are read from memory again (a cold call). Empty off
