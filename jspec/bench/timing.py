@@ -215,8 +215,9 @@ def gpu_kernel_times(fn: Callable[[], object], *, warmup: int = 2,
     """``(kernel name, seconds)`` of every GPU kernel that one call of ``fn()`` runs.
 
     The times come from the profiler (CUPTI): each kernel's time on the GPU beyond the kernels
-    before it (:func:`own_times`), without host dispatch or the gaps between kernels, the same quantity torch's profiler and Nsight report, so
-    a kernel can be compared with a peer's kernel regardless of how either framework launches it.
+    before it (:func:`own_times`), without host dispatch or the gaps between kernels; where kernels
+    do not overlap, the durations torch's profiler and Nsight report, so a kernel can be compared
+    with a peer's kernel regardless of how either framework launches it.
     ``flush_l2_bytes``: read a buffer that large (:func:`_l2_flush`) just before the traced call, so
     that inputs the warm-up left in the L2 cache are read from memory again (a cold call). Empty off
     a GPU.
