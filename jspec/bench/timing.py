@@ -201,6 +201,7 @@ def _l2_flush(num_bytes: int) -> Callable[[], object]:
         acc = lax.fori_loop(0, rows // 8, read, jnp.zeros((8, columns), jnp.uint32))
         o_ref[...] = jnp.max(acc, axis=0, keepdims=True)
 
+    # A plain pallas_call, not pallas_kernels.pdl's: the call timed after the flush must not launch early.
     read_all = jax.jit(pl.pallas_call(
         kernel, out_shape=jax.ShapeDtypeStruct((programs, columns), jnp.uint32), grid=(programs,),
         in_specs=[pl.BlockSpec((rows, columns), lambda i: (i, 0))],
