@@ -159,10 +159,10 @@ def own_times(events: list[tuple[int, str, int]]) -> list[tuple[str, float]]:
     return times
 
 
-def _traced_kernels(thunks: list[Callable[[], object]]) -> list[tuple[str, float]]:
-    """``(kernel name, seconds)`` of every GPU kernel the thunks run, in launch order, from one
-    profiler trace (CUPTI): each kernel's time on the GPU (:func:`own_times`), without host
-    dispatch or gaps."""
+def traced_events(thunks: list[Callable[[], object]]) -> list[tuple[int, str, int]]:
+    """``(start_ns, kernel name, duration_ns)`` of every GPU kernel the thunks run, from one profiler
+    trace (CUPTI), as the profiler reports them: under programmatic dependent launch a kernel's
+    duration includes its wait for the kernel before it (see :func:`own_times`)."""
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir):
             for thunk in thunks:
@@ -177,7 +177,13 @@ def _traced_kernels(thunks: list[Callable[[], object]]) -> list[tuple[str, float
                 continue
             kernels += [(event.start_ns, event.name, event.duration_ns) for event in line.events
                         if not event.name.startswith(("Memcpy", "Memset"))]
-    return own_times(kernels)
+    return kernels
+
+
+def _traced_kernels(thunks: list[Callable[[], object]]) -> list[tuple[str, float]]:
+    """``(kernel name, seconds)`` of every GPU kernel the thunks run, in launch order, from one
+    profiler trace: each kernel's time on the GPU (:func:`own_times`), without host dispatch or gaps."""
+    return own_times(traced_events(thunks))
 
 
 def _l2_flush(num_bytes: int) -> Callable[[], object]:
