@@ -19,7 +19,9 @@ their dependents launch at entry.
 Timed (GPU time of a whole chain after an L2 flush, interleaved, and its wall time): 16
 Llama-3.2-1B-shaped layers at batch 1 -- RMSNorm, q/k/v, an elementwise stand-in for attention, o +
 residual, RMSNorm, gate/up, SiLU * up, down + residual, each between-matmul op one XLA fusion -- with
-the matmuls on each form and on the library's Triton skinny matmul. H100::
+the matmuls on each form and on the library's Triton skinny matmul. Found on the H100 (jaxlib 0.11.2,
+``benchmarks/pdl_weight_prefetch_h100.json``): the two forms tie because XLA's command buffers launch
+the Mosaic kernels after their predecessors end (12-14 of 64 start early; the Triton ones 64 of 64). H100::
 
     PYTHONPATH=. python benchmarks/probes/pdl_weight_prefetch.py   # writes $OUT/pdl_weight_prefetch.json
 """
