@@ -47,7 +47,9 @@ def main():
     old = _old_module()
     rng = np.random.default_rng(0)
     result = {}
-    for name, (rows, splits, hidden, gemma4) in CELLS.items():
+    only = os.environ.get("CELLS")  # comma-separated cell names, e.g. CELLS="e4b o full,e4b down, add only" is two
+    cells = {n: c for n, c in CELLS.items() if only is None or n in only}
+    for name, (rows, splits, hidden, gemma4) in cells.items():
         x = jnp.asarray(rng.standard_normal((1, rows, hidden)), jnp.bfloat16)
         layer_end = name.endswith("layer end")
         parts = jnp.asarray(rng.standard_normal((splits, 1, rows, hidden)), jnp.bfloat16 if layer_end else jnp.float32)
