@@ -103,6 +103,10 @@ def test_spec_tiny_controlled_acceptance_accepts_everything_at_alpha_1(tmp_path)
     result = _result(out)
     (round_,) = report.rows(result, "round")
     assert round_["k"] == 2 and round_["overhead_ratio"] > 0 and {"propose", "verify"} <= set(round_["timings"])
+    # the propose's bandwidth roofline from this run's copy bandwidth (a draft model reads itself per draft)
+    assert round_["propose_bytes"] > 0 and result["copy_bandwidth"]["bytes_per_s"] > 0
+    assert round_["propose_fraction_of_copy"] == pytest.approx(
+        round_["propose_bytes"] / (round_["propose_ms"] * 1e-3) / result["copy_bandwidth"]["bytes_per_s"])
     (e2e,) = report.rows(result, "end_to_end")
     assert e2e["mean_acceptance_length"] == e2e["expected_acceptance_length"] == 3
     assert e2e["acceptance_method"].startswith("controlled: each round accepts a drawn number of drafts")
@@ -350,8 +354,8 @@ def test_kv_bytes_count_each_layer_shape_and_window():
     assert kv_bytes_per_step(model, 1, 4) == 2 * 4 * (per_row["sliding"] + per_row["full"])
 
 
-def test_a_rounds_roofline_adds_what_the_drafter_must_read_to_a_step():
-    from jspec.bench.roofline import draft_bytes_per_round, round_roofline_ratio
+def test_a_rounds_roofline_adds_what_the_drafter_must_read_to_a_step_and_its_propose_reads_the_drafts():
+    from jspec.bench.roofline import draft_bytes_per_round, propose_bytes, round_roofline_ratio
     from jspec.drafters import DraftModel, NGram
 
     target, draft = tiny_model(0), tiny_model(1, num_layers=1)
@@ -359,6 +363,10 @@ def test_a_rounds_roofline_adds_what_the_drafter_must_read_to_a_step():
     nbytes = lambda *trees: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(trees))  # noqa: E731
     per_draft = nbytes(head.layer, head.norm, head.hidden_norm, head.lm_head)  # a layer and the draft LM head
     assert draft_bytes_per_round(Eagle3(head), 3) == 3 * per_draft + nbytes(head.fc)  # fc once
+    # the propose alone: three draft LM heads, two layers (the first draft's layer ran in the last commit)
+    assert propose_bytes(Eagle3(head), 3) == (3 * nbytes(head.norm, head.lm_head)
+                                              + 2 * nbytes(head.layer, head.hidden_norm))
+    assert propose_bytes(DraftModel(draft), 3) == 3 * weight_bytes_per_step(draft) and propose_bytes(NGram(), 3) == 0
     assert draft_bytes_per_round(DraftModel(draft), 3) == 3 * weight_bytes_per_step(draft)
     assert draft_bytes_per_round(NGram(), 3) == 0 and round_roofline_ratio(target, NGram(), 3, 2, 16) == 1.0
     step = weight_bytes_per_step(target) + kv_bytes_per_step(target, 2, 16)

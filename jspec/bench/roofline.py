@@ -106,6 +106,24 @@ def draft_bytes_per_round(drafter, num_draft_tokens: int) -> int | None:
     return None
 
 
+def propose_bytes(drafter, num_draft_tokens: int) -> int | None:
+    """Parameter bytes a drafter's propose of ``num_draft_tokens`` drafts reads (the round's commit
+    not included), or None for a drafter this does not model:
+
+    * n-gram: none;
+    * draft model: one forward per draft;
+    * EAGLE-3 head: the draft LM head (and its norm) per draft and one decoder layer per draft but
+      the last (the first draft comes from the hidden state the commit's catch-up left).
+    """
+    if isinstance(drafter, (NGram, DraftModel)):
+        return draft_bytes_per_round(drafter, num_draft_tokens)
+    if isinstance(drafter, Eagle3):
+        head = drafter.head
+        return (num_draft_tokens * _nbytes((head.norm, head.lm_head))
+                + (num_draft_tokens - 1) * _nbytes((head.layer, head.hidden_norm)))
+    return None
+
+
 def round_roofline_ratio(target: Model, drafter, num_draft_tokens: int, batch: int, context: int) -> float | None:
     """The least a chain round can cost against a plain decode step when both stream their bytes at
     the same bandwidth: (step bytes + the drafter's bytes) / step bytes, the step's bytes being

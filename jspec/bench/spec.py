@@ -3,8 +3,10 @@
 * ``round`` rows: one jitted round (propose k drafts, verify k+1 rows, accept, commit; state
   donated) for each ``--k``, against one plain decode step (medians of back-to-back calls);
   for ``--stages-k`` also propose and verify timed alone as separate programs, accept +
-  commit = round - propose - verify, and on a GPU the kernels of one round and of one decode
-  step side by side (``profiles``: ``jspec.bench.decode.kernel_profile``). ``roofline_ratio``:
+  commit = round - propose - verify, and on a GPU the kernels of one round, its propose, its verify
+  and one decode step side by side (``profiles``: ``jspec.bench.decode.kernel_profile``);
+  ``propose_fraction_of_copy``: the bytes the propose reads (``propose_bytes``) over its time and
+  this run's copy bandwidth (the JSON's ``copy_bandwidth``). ``roofline_ratio``:
   the least a round can cost against a step when both stream their bytes at one bandwidth
   (:func:`jspec.bench.roofline.round_roofline_ratio`; the drafter's reads on top of the step's).
 * ``end_to_end`` rows: tokens/s of ``speculative_generate``'s on-device loop against plain
@@ -43,7 +45,7 @@ from jspec.bench import decode, plots, report
 from jspec.bench.flags import add_tp, common, mesh_of, subcommand
 from jspec.bench.controlled import ACCEPTANCE_METHOD, ControlledAcceptance, expected_acceptance_length
 from jspec.bench.presets import GREEDY, PRESETS, confident, is_tiny, load_target, random_prompts, weights_note
-from jspec.bench.roofline import round_roofline_ratio
+from jspec.bench.roofline import copy_bandwidth, propose_bytes, round_roofline_ratio
 from jspec.bench.timing import compile_all, time_fn, time_steps
 from jspec.drafters import MTP, DraftModel, Eagle3, Eagle3Config, NGram, init_eagle3_head, init_mtp_head
 from jspec.drafters.base import RoundContext
@@ -128,11 +130,13 @@ def spec_state(target, drafter, batch, context, capacity, impl, seed=0):
 
 
 def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repeats, warmup=3, stages_k=(),
-                   compile_threads=8, tags=None, trees=()) -> list[dict]:
+                   compile_threads=8, tags=None, trees=(), copy_bytes_per_s=None) -> list[dict]:
     """``round`` rows: a round for each k, and for each tree (``jspec.tree.TreeShape``, its
     ``num_nodes`` drafts), a fresh state each, against a plain decode step. The round programs are
     compiled first, in parallel threads. Chains with k in ``stages_k`` and trees in it also get
-    their propose and verify timed alone."""
+    their propose and verify timed alone (and profiled on a GPU); a chain's propose also the bytes it
+    reads (:func:`jspec.bench.roofline.propose_bytes`) and, given the copy bandwidth measured in the
+    same run, the fraction of it that the propose streams them at."""
     if not ks and not trees:
         return []
     shapes = {k: None for k in ks} | {tree: tree for tree in trees}
@@ -160,16 +164,24 @@ def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repea
         if tree is None:  # the round's bandwidth bound, beside what it costs
             row["roofline_ratio"] = round_roofline_ratio(target, drafter, k, batch, context)
         if key in stages_k:  # what the round spends beyond its two big stages
-            stages = stage_times(target, drafter, state, k, impl=impl, repeats=repeats, tree=tree)
+            calls = stage_calls(target, drafter, state, k, impl=impl, tree=tree)
+            stages = {name: time_fn(call, repeats=repeats) for name, call in calls.items()}
             row.update(propose_ms=stages["propose"].median_s * 1e3, verify_ms=stages["verify"].median_s * 1e3)
             row["accept_commit_ms"] = row["round_ms"] - row["propose_ms"] - row["verify_ms"]
             row["timings"].update({name: t.as_dict() for name, t in stages.items()})
-            # The kernels of one round and one decode step side by side (profiler; None off a GPU).
-            # Both calls donate their state: the round takes the last one, the step a fresh one.
+            read = propose_bytes(drafter, k) if tree is None else None
+            if read:
+                row["propose_bytes"] = read
+                if copy_bytes_per_s:  # the propose's bandwidth roofline: its bytes over the copy bandwidth
+                    row["propose_fraction_of_copy"] = read / stages["propose"].median_s / copy_bytes_per_s
+            # The kernels of one round, its two stages and one decode step side by side (profiler;
+            # None off a GPU). Round and step donate their state: the round takes the last one, the
+            # step a fresh one.
             step_state = decode.decode_state(target, batch, context, capacity, impl)
             profiles = dict(round=decode.kernel_profile(
                                 lambda key=key, state=state: compiled[key](target, drafter, state, max_new_tokens=limit)),
-                            decode_step=decode.kernel_profile(lambda: step(step_state)))
+                            decode_step=decode.kernel_profile(lambda: step(step_state)),
+                            **{name: decode.kernel_profile(call) for name, call in calls.items()})
             if profiles["round"]:
                 row["profiles"] = profiles
         rows.append(row)
@@ -178,13 +190,16 @@ def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repea
         tqdm.write(f"b={batch} {label}: round {round_s * 1e3:.3f} ms = {round_s / decode_s:.2f}x decode step "
                    f"({decode_s * 1e3:.3f} ms)" + (f", bound {bound:.2f}x" if bound else "")
                    + (f"; propose {row['propose_ms']:.3f} ms, verify {row['verify_ms']:.3f} ms"
-                      if "propose_ms" in row else ""))
+                      if "propose_ms" in row else "")
+                   + (f", propose at {row['propose_fraction_of_copy']:.2f} of copy"
+                      if "propose_fraction_of_copy" in row else ""))
     return rows
 
 
-def stage_times(target, drafter, state, k, *, impl, repeats, tree=None):
-    """Propose (``propose_tree`` for a ``tree``) and verify timed alone (``state`` itself is left
-    alone: the verify runs in place on a copy of its cache); a tree's verify runs its own tree's mask."""
+def stage_calls(target, drafter, state, k, *, impl, tree=None):
+    """Propose (``propose_tree`` for a ``tree``) and verify as thunks of their own programs, to time
+    or profile alone (``state`` itself is left alone: the verify runs in place on a copy of its
+    cache); a tree's verify runs its own tree's mask."""
     ctx = RoundContext(state.history, state.target_kv.lengths, state.root, state.features, state.target_kv)
     key = jax.random.key(0)
     if tree is None:
@@ -195,8 +210,7 @@ def stage_times(target, drafter, state, k, *, impl, repeats, tree=None):
     tokens = jnp.zeros((state.history.shape[0], k + 1), jnp.int32)
     verify = decode.in_place(decode.verify_pass(drafter.capture, impl), target, tokens,
                              jax.tree.map(jnp.copy, state.target_kv), mask)
-    return dict(propose=time_fn(lambda: propose(drafter, state.draft_state, ctx), repeats=repeats),
-                verify=time_fn(verify, repeats=repeats))
+    return dict(propose=lambda: propose(drafter, state.draft_state, ctx), verify=verify)
 
 
 def end_to_end(target, drafter, batch, args, tags, round_rows=()) -> list[dict]:
@@ -302,11 +316,14 @@ def run(args):
     if args.drafter == "draft-model":
         tags["draft"] = args.draft
     rows = []
+    # The propose's bandwidth roofline needs the copy bandwidth of this run (the stages' rows use it).
+    copy = copy_bandwidth(args.copy_bytes) if args.stages_k else None
 
     def save():  # after each stage of each batch: a compile that runs out of time loses nothing measured
-        result = report.result("spec", args.argv, env, rows, notes=(
+        result = report.result("spec", args.argv, env, rows, copy_bandwidth=copy, notes=(
             "round / decode step: medians of back-to-back donated jitted calls; stages: separate jitted programs "
-            "(propose; verify forward of k+1 rows), accept_commit = round - propose - verify"))
+            "(propose; verify forward of k+1 rows), accept_commit = round - propose - verify; "
+            "propose_fraction_of_copy: propose_bytes / propose time / this run's copy bandwidth"))
         report.write(args.out, result)
         return result
 
@@ -314,7 +331,8 @@ def run(args):
         capacity = engine.cache_length(args.context, args.context + 64 + (args.repeats + 8) * (max(args.k + [1]) + 1))
         round_rows = measure_rounds(target, drafter, batch, args.context, args.k, capacity=capacity,
                                     impl=args.impl, repeats=args.repeats, stages_k=args.stages_k,
-                                    compile_threads=args.compile_threads, tags=tags)
+                                    compile_threads=args.compile_threads, tags=tags,
+                                    copy_bytes_per_s=copy and copy["bytes_per_s"])
         rows += round_rows
         save()
         if args.alpha:
@@ -331,7 +349,7 @@ def run(args):
 
 TINY = dict(target=lambda t: t if is_tiny(t) else "tiny", draft=lambda d: d if is_tiny(d) else "tiny-draft", context=32,
             k=[2], new_tokens=28,
-            k_end_to_end=[2], alpha=[0.8], stages_k=[2], repeats=2)
+            k_end_to_end=[2], alpha=[0.8], stages_k=[2], repeats=2, copy_bytes=1 << 22)
 
 
 def register(subparsers):
@@ -356,4 +374,6 @@ def register(subparsers):
     add_tp(s)
     s.add_argument("--hf", action="store_true", help="also run HF transformers (torch, GPU) on the same shapes")
     s.add_argument("--compile-threads", type=int, default=8, help="round programs compile in parallel threads")
+    s.add_argument("--copy-bytes", type=int, default=2 << 30,
+                   help="bytes of the copy-bandwidth buffer (measured when --stages-k is given)")
     return s
