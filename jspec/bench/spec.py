@@ -4,9 +4,12 @@
   donated) for each ``--k``, against one plain decode step (medians of back-to-back calls);
   for ``--stages-k`` also propose and verify timed alone as separate programs, accept +
   commit = round - propose - verify, and on a GPU the kernels of one round, its propose, its verify
-  and one decode step side by side (``profiles``: ``jspec.bench.decode.kernel_profile``);
-  ``propose_fraction_of_copy``: the bytes the propose reads (``propose_bytes``) over its time and
-  this run's copy bandwidth (the JSON's ``copy_bandwidth``). ``roofline_ratio``:
+  and one decode step side by side (``profiles``: ``jspec.bench.decode.kernel_profile``; the profiler
+  does not see the kernels inside a loop, the propose's draft scan included). The propose is also
+  timed compiled with the on-device loops' options (``propose_loop_options_ms``: its scan one
+  graph, as inside generation); ``propose_fraction_of_copy``: the bytes the propose reads
+  (``propose_bytes``) over that time and this run's copy bandwidth (the JSON's
+  ``copy_bandwidth``). ``roofline_ratio``:
   the least a round can cost against a step when both stream their bytes at one bandwidth
   (:func:`jspec.bench.roofline.round_roofline_ratio`; the drafter's reads on top of the step's).
 * ``end_to_end`` rows: tokens/s of ``speculative_generate``'s on-device loop against plain
@@ -47,6 +50,7 @@ from jspec.bench.controlled import ACCEPTANCE_METHOD, ControlledAcceptance, expe
 from jspec.bench.presets import GREEDY, PRESETS, confident, is_tiny, load_target, random_prompts, weights_note
 from jspec.bench.roofline import copy_bandwidth, propose_bytes, round_roofline_ratio
 from jspec.bench.timing import compile_all, time_fn, time_steps
+from jspec.compile_options import LOOP_COMPILER_OPTIONS
 from jspec.drafters import MTP, DraftModel, Eagle3, Eagle3Config, NGram, init_eagle3_head, init_mtp_head
 from jspec.drafters.base import RoundContext
 from jspec.policy import choose_for_batch, round_costs_by_batch
@@ -166,14 +170,16 @@ def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repea
         if key in stages_k:  # what the round spends beyond its two big stages
             calls = stage_calls(target, drafter, state, k, impl=impl, tree=tree)
             stages = {name: time_fn(call, repeats=repeats) for name, call in calls.items()}
-            row.update(propose_ms=stages["propose"].median_s * 1e3, verify_ms=stages["verify"].median_s * 1e3)
+            row.update(propose_ms=stages["propose"].median_s * 1e3, verify_ms=stages["verify"].median_s * 1e3,
+                       propose_loop_options_ms=stages["propose_loop_options"].median_s * 1e3)
             row["accept_commit_ms"] = row["round_ms"] - row["propose_ms"] - row["verify_ms"]
             row["timings"].update({name: t.as_dict() for name, t in stages.items()})
             read = propose_bytes(drafter, k) if tree is None else None
             if read:
                 row["propose_bytes"] = read
-                if copy_bytes_per_s:  # the propose's bandwidth roofline: its bytes over the copy bandwidth
-                    row["propose_fraction_of_copy"] = read / stages["propose"].median_s / copy_bytes_per_s
+                if copy_bytes_per_s:  # the draft steps' bandwidth roofline, as they run inside generation
+                    row["propose_fraction_of_copy"] = (read / stages["propose_loop_options"].median_s
+                                                       / copy_bytes_per_s)
             # The kernels of one round, its two stages and one decode step side by side (profiler;
             # None off a GPU). Round and step donate their state: the round takes the last one, the
             # step a fresh one.
@@ -181,7 +187,8 @@ def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repea
             profiles = dict(round=decode.kernel_profile(
                                 lambda key=key, state=state: compiled[key](target, drafter, state, max_new_tokens=limit)),
                             decode_step=decode.kernel_profile(lambda: step(step_state)),
-                            **{name: decode.kernel_profile(call) for name, call in calls.items()})
+                            propose=decode.kernel_profile(calls["propose"]),
+                            verify=decode.kernel_profile(calls["verify"]))
             if profiles["round"]:
                 row["profiles"] = profiles
         rows.append(row)
@@ -203,14 +210,18 @@ def stage_calls(target, drafter, state, k, *, impl, tree=None):
     ctx = RoundContext(state.history, state.target_kv.lengths, state.root, state.features, state.target_kv)
     key = jax.random.key(0)
     if tree is None:
-        propose = jax.jit(lambda d, ds, c: d.propose(ds, c, num_draft_tokens=k, params=GREEDY, key=key)[0])
+        fn = lambda d, ds, c: d.propose(ds, c, num_draft_tokens=k, params=GREEDY, key=key)[0]  # noqa: E731
     else:
-        propose = jax.jit(lambda d, ds, c: d.propose_tree(ds, c, shape=tree, params=GREEDY, key=key)[0])
+        fn = lambda d, ds, c: d.propose_tree(ds, c, shape=tree, params=GREEDY, key=key)[0]  # noqa: E731
+    # Also compiled as the on-device loops are (command buffers, its draft scan one graph): a chain's
+    # draft steps as they run inside generation, free of the scan's per-step launches from the host.
+    propose, propose_loop = jax.jit(fn), jax.jit(fn, compiler_options=LOOP_COMPILER_OPTIONS)
     mask = None if tree is None else propose(drafter, state.draft_state, ctx).mask
     tokens = jnp.zeros((state.history.shape[0], k + 1), jnp.int32)
     verify = decode.in_place(decode.verify_pass(drafter.capture, impl), target, tokens,
                              jax.tree.map(jnp.copy, state.target_kv), mask)
-    return dict(propose=lambda: propose(drafter, state.draft_state, ctx), verify=verify)
+    return dict(propose=lambda: propose(drafter, state.draft_state, ctx),
+                propose_loop_options=lambda: propose_loop(drafter, state.draft_state, ctx), verify=verify)
 
 
 def end_to_end(target, drafter, batch, args, tags, round_rows=()) -> list[dict]:
@@ -323,7 +334,8 @@ def run(args):
         result = report.result("spec", args.argv, env, rows, copy_bandwidth=copy, notes=(
             "round / decode step: medians of back-to-back donated jitted calls; stages: separate jitted programs "
             "(propose; verify forward of k+1 rows), accept_commit = round - propose - verify; "
-            "propose_fraction_of_copy: propose_bytes / propose time / this run's copy bandwidth"))
+            "propose_fraction_of_copy: propose_bytes / the propose's time compiled with the loops' options / this "
+            "run's copy bandwidth"))
         report.write(args.out, result)
         return result
 
