@@ -31,7 +31,8 @@ from tqdm.auto import tqdm
 from jspec.bench import report
 from jspec.bench.flags import common, subcommand, tree_arg
 from jspec.bench.presets import is_tiny, load_target, weights_note
-from jspec.bench.spec import eagle3_drafter, measure_rounds
+from jspec.bench.rounds import measure_rounds
+from jspec.bench.spec import eagle3_drafter
 from jspec.bench.timing import compile_all, time_steps
 from jspec.kv import KVCache
 from jspec.tree import TreeShape

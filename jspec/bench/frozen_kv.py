@@ -38,7 +38,8 @@ from jspec import engine
 from jspec.bench import plots, report
 from jspec.bench.flags import common, subcommand, tree_arg
 from jspec.bench.presets import GREEDY, confident, is_tiny, load_target, weights_note
-from jspec.bench.spec import end_to_end, measure_rounds, spec_state
+from jspec.bench.rounds import measure_rounds, spec_state
+from jspec.bench.spec import end_to_end
 from jspec.bench.timing import time_fn
 from jspec.drafters import FrozenKVMTP, assistant_config, init_assistant
 from jspec.drafters.base import RoundContext
