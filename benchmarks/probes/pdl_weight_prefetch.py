@@ -52,8 +52,8 @@ def mosaic_matmul(x, w, *, wait: str, split: int, block_n: int = 128, block_k: i
 
     (rows, k), (k2, n) = x.shape, w.shape
     if rows % 8 or rows > ROWS or k != k2 or k % (split * block_k) or n % block_n:
-        raise ValueError(f"needs x [R <= {ROWS}, a multiple of 8, K], w [K, N], K a multiple of split * block_k, N of block_n: "
-                         f"{x.shape} {w.shape} split={split}")
+        raise ValueError(f"needs x [R <= {ROWS}, a multiple of 8, K], w [K, N], K a multiple of split * block_k, "
+                         f"N of block_n: {x.shape} {w.shape} split={split}")
     if wait not in ("entry", "prefetch"):
         raise ValueError(f"wait must be 'entry' or 'prefetch', got {wait!r}")
     k_per_split = k // split
@@ -131,6 +131,8 @@ BLOCK = 1024  # columns per program of the elementwise kernels
 
 
 def _interpret() -> bool:
+    # PROBE_LOWER_FOR_CUDA=1: lower the Mosaic kernels for CUDA on a CPU machine (a check of the
+    # kernel's lowering before a GPU run) instead of interpreting them.
     return jax.default_backend() != "gpu" and not os.environ.get("PROBE_LOWER_FOR_CUDA")
 
 
@@ -244,12 +246,14 @@ def check_one(kind: str, split: int, k: int = 512, n: int = 256, seed: int = 1):
 def launch_overlap(events, names):
     """Of the kernels whose name holds one of ``names``: how early each started before every earlier
     kernel had ended (us; > 0: launched as a programmatic dependent while its predecessor ran) and
-    its end after that point (its own time), medians and counts."""
+    its own time (:func:`jspec.bench.timing.own_times`), medians and counts."""
+    from jspec.bench.timing import own_times
+
     early, own, frontier = [], [], 0
-    for start, name, duration in sorted(events):
+    for (start, name, duration), (_, seconds) in zip(sorted(events), own_times(events)):
         if any(n in name for n in names):
             early.append((frontier - start) * 1e-3)
-            own.append((start + duration - max(start, frontier)) * 1e-3)
+            own.append(seconds * 1e6)
         frontier = max(frontier, start + duration)
     if not early:
         return None
@@ -298,9 +302,10 @@ def main():
                 "gpu_us_median": statistics.median(gpu[kind]) * 1e6, "gpu_us": [t * 1e6 for t in gpu[kind]],
                 "wall_us_median": statistics.median(wall) * 1e6, "kernels": len(events),
                 "matmuls": launch_overlap(events, ("mosaic", "skinny_matmul")),
-                "kernel_us": {name: round(s * 1e6, 2) for name, s in sorted(per_name.items(), key=lambda kv: -kv[1])[:12]}}
-            print(kind, json.dumps({k: v for k, v in results["chain"][kind].items() if k not in ("kernel_us", "gpu_us")}),
-                  flush=True)
+                "kernel_us": {name: round(s * 1e6, 2)
+                              for name, s in sorted(per_name.items(), key=lambda kv: -kv[1])[:12]}}
+            summary = {k: v for k, v in results["chain"][kind].items() if k not in ("kernel_us", "gpu_us")}
+            print(kind, json.dumps(summary), flush=True)
     _write(out_dir, results)
 
 
