@@ -4,9 +4,9 @@
 For each k (and each tree) one jitted round (propose, verify k+1 rows, accept, commit; state donated)
 against one plain decode step, medians of back-to-back calls, with the round's bandwidth bound
 (``roofline_ratio``). Staged rounds also time their propose and verify alone as separate programs
-(accept + commit = round - propose - verify), the propose once more compiled as the on-device loops
-are (its draft scan one graph), its bytes and their fraction of the copy bandwidth, and on a GPU
-the kernels of the round, its stages and a step side by side.
+(accept + commit = round - propose - verify), the propose once more inside an on-device loop of
+proposes (as generation runs it: no host between its launches), its bytes and their fraction of
+the copy bandwidth, and on a GPU the kernels of the round, its stages and a step side by side.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from jspec.compile_options import LOOP_COMPILER_OPTIONS
 from jspec.drafters.base import RoundContext
 
 NO_LIMIT = 1 << 30  # max_new_tokens of a timed round: never reached
+PROPOSES_IN_LOOP = 16  # the long run of the in-loop propose timing; the short one is a single propose
 
 
 # One jitted prefill for every k: the initial state does not depend on k.
@@ -76,27 +77,30 @@ def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repea
         if tree is None:  # the round's bandwidth bound, beside what it costs
             row["roofline_ratio"] = round_roofline_ratio(target, drafter, k, batch, context)
         if key in stages_k:  # what the round spends beyond its two big stages
-            calls = stage_calls(target, drafter, state, k, impl=impl, tree=tree)
+            calls, proposes = stage_calls(target, drafter, state, k, impl=impl, tree=tree)
             stages = {name: time_fn(call, repeats=repeats) for name, call in calls.items()}
+            stages |= {f"proposes_in_loop_{n}": time_fn(lambda n=n: proposes(n), repeats=repeats)
+                       for n in (1, PROPOSES_IN_LOOP)}
+            propose_in_loop_s = ((stages[f"proposes_in_loop_{PROPOSES_IN_LOOP}"].median_s
+                                  - stages["proposes_in_loop_1"].median_s) / (PROPOSES_IN_LOOP - 1))
             row.update(propose_ms=stages["propose"].median_s * 1e3, verify_ms=stages["verify"].median_s * 1e3,
-                       propose_loop_options_ms=stages["propose_loop_options"].median_s * 1e3)
+                       propose_in_loop_ms=propose_in_loop_s * 1e3)
             row["accept_commit_ms"] = row["round_ms"] - row["propose_ms"] - row["verify_ms"]
             row["timings"].update({name: t.as_dict() for name, t in stages.items()})
             read = propose_bytes(drafter, k) if tree is None else None
             if read:
                 row["propose_bytes"] = read
                 if copy_bytes_per_s:  # the draft steps' bandwidth roofline, as they run inside generation
-                    row["propose_fraction_of_copy"] = (read / stages["propose_loop_options"].median_s
-                                                       / copy_bytes_per_s)
+                    row["propose_fraction_of_copy"] = read / propose_in_loop_s / copy_bytes_per_s
             # The kernels of one round, its two stages and one decode step side by side (profiler;
-            # None off a GPU). Round and step donate their state: the round takes the last one, the
-            # step a fresh one.
-            step_state = decode.decode_state(target, batch, context, capacity, impl)
-            profiles = dict(round=decode.kernel_profile(
-                                lambda key=key, state=state: compiled[key](target, drafter, state, max_new_tokens=limit)),
-                            decode_step=decode.kernel_profile(lambda: step(step_state)),
-                            propose=decode.kernel_profile(calls["propose"]),
+            # None off a GPU). The stages read the last state, so they go first: the round donates
+            # it; the step takes a fresh one.
+            profiles = dict(propose=decode.kernel_profile(calls["propose"]),
                             verify=decode.kernel_profile(calls["verify"]))
+            profiles["round"] = decode.kernel_profile(
+                lambda key=key, state=state: compiled[key](target, drafter, state, max_new_tokens=limit))
+            step_state = decode.decode_state(target, batch, context, capacity, impl)
+            profiles["decode_step"] = decode.kernel_profile(lambda: step(step_state))
             if profiles["round"]:
                 row["profiles"] = profiles
         rows.append(row)
@@ -114,19 +118,37 @@ def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repea
 def stage_calls(target, drafter, state, k, *, impl, tree=None):
     """Propose (``propose_tree`` for a ``tree``) and verify as thunks of their own programs, to time
     or profile alone (``state`` itself is left alone: the verify runs in place on a copy of its
-    cache); a tree's verify runs its own tree's mask."""
+    cache; a tree's verify runs its own tree's mask), and ``proposes(n)``: ``n`` of those proposes
+    in one on-device loop (:func:`proposes_in_loop`)."""
     ctx = RoundContext(state.history, state.target_kv.lengths, state.root, state.features, state.target_kv)
     key = jax.random.key(0)
     if tree is None:
         fn = lambda d, ds, c: d.propose(ds, c, num_draft_tokens=k, params=GREEDY, key=key)[0]  # noqa: E731
     else:
         fn = lambda d, ds, c: d.propose_tree(ds, c, shape=tree, params=GREEDY, key=key)[0]  # noqa: E731
-    # Also compiled as the on-device loops are (command buffers, its draft scan one graph): a chain's
-    # draft steps as they run inside generation, free of the scan's per-step launches from the host.
-    propose, propose_loop = jax.jit(fn), jax.jit(fn, compiler_options=LOOP_COMPILER_OPTIONS)
+    propose, loop = jax.jit(fn), proposes_in_loop(fn)
     mask = None if tree is None else propose(drafter, state.draft_state, ctx).mask
     tokens = jnp.zeros((state.history.shape[0], k + 1), jnp.int32)
     verify = decode.in_place(decode.verify_pass(drafter.capture, impl), target, tokens,
                              jax.tree.map(jnp.copy, state.target_kv), mask)
-    return dict(propose=lambda: propose(drafter, state.draft_state, ctx),
-                propose_loop_options=lambda: propose_loop(drafter, state.draft_state, ctx), verify=verify)
+    return (dict(propose=lambda: propose(drafter, state.draft_state, ctx), verify=verify),
+            lambda n: loop(drafter, state.draft_state, ctx, jnp.int32(n)))
+
+
+def proposes_in_loop(propose):
+    """``run(drafter, draft_state, ctx, n)``: ``propose(drafter, draft_state, ctx)`` (its drafts)
+    ``n`` times (traced) back to back in one on-device loop compiled as generation's loops are
+    (command buffers), so its draft steps launch as they do inside generation: per propose =
+    (T(n) - T(1)) / (n - 1), the way ``decode`` takes ms/token. Every iteration reads its inputs
+    through an optimization barrier tied to the counter, which keeps XLA from hoisting the
+    loop-invariant propose out of the loop; the drafts' sum keeps it alive."""
+
+    def run(drafter, draft_state, ctx, n):
+        def body(i, total):
+            state_i, ctx_i, _ = jax.lax.optimization_barrier((draft_state, ctx, i))
+            drafts = propose(drafter, state_i, ctx_i)  # a chain's tokens, or a tree
+            return total + sum(jnp.sum(leaf, dtype=jnp.int32) for leaf in jax.tree.leaves(drafts))
+
+        return jax.lax.fori_loop(0, n, body, jnp.int32(0))
+
+    return jax.jit(run, compiler_options=LOOP_COMPILER_OPTIONS)

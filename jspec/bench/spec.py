@@ -6,10 +6,10 @@
   commit = round - propose - verify, and on a GPU the kernels of one round, its propose, its verify
   and one decode step side by side (``profiles``: ``jspec.bench.decode.kernel_profile``; the profiler
   does not see the kernels inside a loop, the propose's draft scan included). The propose is also
-  timed compiled with the on-device loops' options (``propose_loop_options_ms``: its scan one
-  graph, as inside generation); ``propose_fraction_of_copy``: the bytes the propose reads
-  (``propose_bytes``) over that time and this run's copy bandwidth (the JSON's
-  ``copy_bandwidth``). ``roofline_ratio``:
+  timed inside an on-device loop of proposes (``propose_in_loop_ms``: (T(16) - T(1)) / 15, compiled
+  as generation's loops are, so no host between its draft steps); ``propose_fraction_of_copy``: the
+  bytes the propose reads (``propose_bytes``) over that time and this run's copy bandwidth (the
+  JSON's ``copy_bandwidth``). ``roofline_ratio``:
   the least a round can cost against a step when both stream their bytes at one bandwidth
   (:func:`jspec.bench.roofline.round_roofline_ratio`; the drafter's reads on top of the step's).
 * ``end_to_end`` rows: tokens/s of ``speculative_generate``'s on-device loop against plain
@@ -226,8 +226,8 @@ def run(args):
         result = report.result("spec", args.argv, env, rows, copy_bandwidth=copy, notes=(
             "round / decode step: medians of back-to-back donated jitted calls; stages: separate jitted programs "
             "(propose; verify forward of k+1 rows), accept_commit = round - propose - verify; "
-            "propose_fraction_of_copy: propose_bytes / the propose's time compiled with the loops' options / this "
-            "run's copy bandwidth"))
+            "propose_in_loop_ms: (T(16) - T(1)) / 15 of proposes back to back in one on-device loop; "
+            "propose_fraction_of_copy: propose_bytes / propose_in_loop_ms / this run's copy bandwidth"))
         report.write(args.out, result)
         return result
 
