@@ -7,12 +7,17 @@ import json
 import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
 import jspec
 from jspec.drafters import Eagle3, Eagle3Head
+from jspec.drafters.base import RoundContext
+from jspec.engine import pad_prompts
+from jspec.sampling import SamplingParams
+from jspec.speculative import start
 from tests import hf_oracle
 from tests.hidden_drafters import check_catch_up, check_greedy_lossless, check_parity
 from tests.tiny import eagle3_head, tiny_model
@@ -59,6 +64,22 @@ def test_greedy_speculative_equals_greedy(seed, batch, k, eos, overrides, option
 def test_catch_up_equals_draft_from_scratch():
     target = tiny_model(5, num_layers=4)
     check_catch_up(target, Eagle3(eagle3_head(6, target, fc_bias=True)))
+
+
+def test_draft_steps_are_unrolled():
+    """propose lowers without a loop: its k - 1 draft steps are one layer each, unrolled, so no loop
+    bookkeeping runs between them (on the H100 at k = 4: 60 kernels instead of 70)."""
+    target = tiny_model(7, num_layers=4)
+    drafter = Eagle3(eagle3_head(8, target)).bind(target)
+    tokens, lengths = pad_prompts([[1, 2, 3], [4, 5]])
+    state = start(target, drafter, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.key(0),
+                  params=SamplingParams(), eos_ids=(), capacity=32, max_len=32)
+    ctx = RoundContext(state.history, state.target_kv.lengths, state.root, state.features, state.target_kv)
+
+    def propose(draft_state, ctx):
+        return drafter.propose(draft_state, ctx, num_draft_tokens=4, params=SamplingParams(), key=jax.random.key(1))
+
+    assert "stablehlo.while" not in jax.jit(propose).lower(state.draft_state, ctx).as_text()
 
 
 def _copy(src, dst, *, config=None, tensors=None):

@@ -19,7 +19,7 @@ features, equal to the target's committed length) and ``hidden``: the layer outp
   dropped by the draft length ``base + a + 1`` -- nothing is copied. Commit is also where the
   rows ``propose`` drafted are rolled back (the cache is truncated to ``base`` first).
 * propose: step 0 drafts from ``hidden`` (no forward: the catch-up was the seed step), steps
-  ``1..k-1`` feed ``(d_i, recycled hidden)`` at positions ``L .. L+k-2`` in one ``lax.scan``.
+  ``1..k-1`` feed ``(d_i, recycled hidden)`` at positions ``L .. L+k-2`` in one unrolled ``lax.scan``.
 * propose_tree (``topk > 1``, ``jspec.tree.expand``): the root's children come from ``hidden``; a
   node at tree depth ``d`` is fed with its parent's recycled hidden at position ``L + d - 1`` (where
   the chain feeds ``d_d``), attending to the committed rows and its fed ancestors (tree mask). Its
@@ -143,7 +143,10 @@ class HiddenStateDrafter:
             x_next, kv = self.run_rows(kv, token[:, None], self._recycle(x)[:, None], from_target=False)
             return (kv, x_next[:, 0]), (token, probs)
 
-        (kv, x), (tokens, probs) = jax.lax.scan(step, (dstate.kv, dstate.hidden), keys[:-1])
+        # Unrolled: one layer a step and a handful of steps, so the copies cost little compile time,
+        # while a rolled loop launches its own bookkeeping kernels around every step (counter,
+        # output row write, condition): 60 kernels instead of 70 at k = 4 on the H100.
+        (kv, x), (tokens, probs) = jax.lax.scan(step, (dstate.kv, dstate.hidden), keys[:-1], unroll=True)
         last, last_probs = draw(keys[-1], x)
         draft_tokens = jnp.concatenate([tokens.T, last[:, None]], axis=1)
         new_state = HeadState(kv=kv, hidden=dstate.hidden)

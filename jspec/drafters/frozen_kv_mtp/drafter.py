@@ -217,5 +217,7 @@ class FrozenKVMTP:
             return (draft, hidden), (draft, probs)
 
         hidden = hidden.astype(self.assistant.dtype)  # the carry keeps one dtype
-        _, (tokens, probs) = jax.lax.scan(one, (token, hidden), keys)
+        # Unrolled, as the hidden-state heads' draft steps (jspec.drafters.hidden_state): one small
+        # layer a step, and no loop bookkeeping kernels between steps.
+        _, (tokens, probs) = jax.lax.scan(one, (token, hidden), keys, unroll=True)
         return tokens.T, None if probs is None else probs.transpose(1, 0, 2)
