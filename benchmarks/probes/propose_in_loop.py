@@ -1,0 +1,61 @@
+"""The EAGLE-3-shaped propose at 8B (k = 4, batch 1, context 512, bf16 random weights): its time
+inside an on-device loop of proposes (``jspec.bench.rounds.proposes_in_loop``, twice), that time's
+fraction of the copy bandwidth for the bytes it reads, the kernels of one dispatched propose (the
+profiler's summary) and, with ``TIMELINE=1``, every kernel of one propose in launch order (own GPU
+time, ``jspec.bench.timing.own_times``) beside the optimized HLO. Run from the tree to measure::
+
+    PYTHONPATH=. TAG=main python benchmarks/probes/propose_in_loop.py   # writes $OUT/propose_in_loop_<TAG>.json
+
+``TARGET``: another preset (``tiny`` to try the probe on a CPU; no profile there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+
+from jspec.bench import decode
+from jspec.bench.presets import GREEDY, confident, load_target
+from jspec.bench.roofline import copy_bandwidth, propose_bytes
+from jspec.bench.rounds import PROPOSES_IN_LOOP, spec_state, stage_calls
+from jspec.bench.spec import make_drafter
+from jspec.bench.timing import own_times, time_fn, traced_events
+from jspec.drafters.base import RoundContext
+
+K, CONTEXT, CAPACITY = 4, 512, 1024
+
+
+def main():
+    out, tag = os.environ.get("OUT", "."), os.environ.get("TAG", "tree")
+    target = confident(load_target(os.environ.get("TARGET", "llama-3.1-8b"), jnp.bfloat16, 0), 0)
+    drafter = make_drafter("eagle3", target, draft=None, dtype=jnp.bfloat16, seed=0, impl="auto")
+    state = spec_state(target, drafter, 1, CONTEXT, CAPACITY, "auto")
+    calls, proposes = stage_calls(target, drafter, state, K, impl="auto")
+    copy = copy_bandwidth(2 << 30)
+    read = propose_bytes(drafter, K)
+    runs = []
+    for _ in range(2):
+        once, many = (time_fn(lambda n=n: proposes(n), repeats=10) for n in (1, PROPOSES_IN_LOOP))
+        seconds = (many.median_s - once.median_s) / (PROPOSES_IN_LOOP - 1)
+        runs.append(dict(propose_in_loop_ms=seconds * 1e3, fraction_of_copy=read / seconds / copy["bytes_per_s"]))
+    result = dict(tag=tag, k=K, context=CONTEXT, copy_tb_s=copy["tb_s"], propose_bytes=read, runs=runs,
+                  propose_dispatched_ms=time_fn(calls["propose"], repeats=10).median_s * 1e3,
+                  profile=decode.kernel_profile(calls["propose"]))
+    events = sorted(traced_events([calls["propose"]])) if os.environ.get("TIMELINE") else []
+    if events:
+        result["timeline"] = [dict(start_us=(start - events[0][0]) / 1e3, name=name, own_us=own * 1e6)
+                              for (start, name, _), (_, own) in zip(events, own_times(events))]
+        ctx = RoundContext(state.history, state.target_kv.lengths, state.root, state.features, state.target_kv)
+        propose = jax.jit(lambda d, ds, c: d.propose(ds, c, num_draft_tokens=K, params=GREEDY, key=jax.random.key(0)))
+        with open(f"{out}/propose_hlo_{tag}.txt", "w") as f:
+            f.write(propose.lower(drafter, state.draft_state, ctx).compile().as_text())
+    with open(f"{out}/propose_in_loop_{tag}.json", "w") as f:
+        json.dump(result, f, indent=1)
+    print(tag, runs, result["profile"] and (result["profile"]["gpu_ms"], result["profile"]["kernels"]))
+
+
+if __name__ == "__main__":
+    main()
