@@ -6,19 +6,23 @@ time, ``jspec.bench.timing.own_times``) beside the optimized HLO. Run from the t
 
     PYTHONPATH=. TAG=main python benchmarks/probes/propose_in_loop.py   # writes $OUT/propose_in_loop_<TAG>.json
 
-``TARGET``: another preset (``tiny`` to try the probe on a CPU; no profile there).
+``TARGET``: another preset (``tiny`` to try the probe on a CPU; no profile there). The target keeps
+``TARGET_LAYERS`` of its layers (default 2: the propose reads only its embedding table, and the
+captured layers it was prefilled with come from those; fewer layers make and compile faster).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
 import jax
 import jax.numpy as jnp
 
+import jspec
 from jspec.bench import decode
-from jspec.bench.presets import GREEDY, confident, load_target
+from jspec.bench.presets import GREEDY, PRESETS, confident
 from jspec.bench.roofline import copy_bandwidth, propose_bytes
 from jspec.bench.rounds import PROPOSES_IN_LOOP, spec_state, stage_calls
 from jspec.bench.spec import make_drafter
@@ -30,7 +34,9 @@ K, CONTEXT, CAPACITY = 4, 512, 1024
 
 def main():
     out, tag = os.environ.get("OUT", "."), os.environ.get("TAG", "tree")
-    target = confident(load_target(os.environ.get("TARGET", "llama-3.1-8b"), jnp.bfloat16, 0), 0)
+    config = dataclasses.replace(PRESETS[os.environ.get("TARGET", "llama-3.1-8b")],
+                                 num_layers=int(os.environ.get("TARGET_LAYERS", 2)))
+    target = confident(jax.jit(jspec.init_params, static_argnums=(0, 2))(config, jax.random.key(0), jnp.bfloat16), 0)
     drafter = make_drafter("eagle3", target, draft=None, dtype=jnp.bfloat16, seed=0, impl="auto")
     state = spec_state(target, drafter, 1, CONTEXT, CAPACITY, "auto")
     calls, proposes = stage_calls(target, drafter, state, K, impl="auto")
