@@ -1,5 +1,5 @@
 """The EAGLE-3-shaped propose at 8B (k = 4, batch 1, context 512, bf16 random weights): its time
-inside an on-device loop of proposes (``jspec.bench.rounds.proposes_in_loop``, twice), that time's
+inside an on-device loop of proposes (``jspec.bench.rounds.time_proposes_in_loop``, twice), that time's
 fraction of the copy bandwidth for the bytes it reads, the kernels of one dispatched propose (the
 profiler's summary) and, with ``TIMELINE=1``, every kernel of one propose in launch order (own GPU
 time, ``jspec.bench.timing.own_times``) beside the optimized HLO. Run from the tree to measure::
@@ -24,7 +24,7 @@ import jspec
 from jspec.bench import decode
 from jspec.bench.presets import GREEDY, PRESETS, confident
 from jspec.bench.roofline import copy_bandwidth, propose_bytes
-from jspec.bench.rounds import PROPOSES_IN_LOOP, spec_state, stage_calls
+from jspec.bench.rounds import spec_state, stage_calls, time_proposes_in_loop
 from jspec.bench.spec import make_drafter
 from jspec.bench.timing import own_times, time_fn, traced_events
 from jspec.drafters.base import RoundContext
@@ -44,8 +44,7 @@ def main():
     read = propose_bytes(drafter, K)
     runs = []
     for _ in range(2):
-        once, many = (time_fn(lambda n=n: proposes(n), repeats=10) for n in (1, PROPOSES_IN_LOOP))
-        seconds = (many.median_s - once.median_s) / (PROPOSES_IN_LOOP - 1)
+        seconds, _ = time_proposes_in_loop(proposes, repeats=10)
         runs.append(dict(propose_in_loop_ms=seconds * 1e3, fraction_of_copy=read / seconds / copy["bytes_per_s"]))
     result = dict(tag=tag, k=K, context=CONTEXT, copy_tb_s=copy["tb_s"], propose_bytes=read, runs=runs,
                   propose_dispatched_ms=time_fn(calls["propose"], repeats=10).median_s * 1e3,

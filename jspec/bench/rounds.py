@@ -79,10 +79,8 @@ def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repea
         if key in stages_k:  # what the round spends beyond its two big stages
             calls, proposes = stage_calls(target, drafter, state, k, impl=impl, tree=tree)
             stages = {name: time_fn(call, repeats=repeats) for name, call in calls.items()}
-            stages |= {f"proposes_in_loop_{n}": time_fn(lambda n=n: proposes(n), repeats=repeats)
-                       for n in (1, PROPOSES_IN_LOOP)}
-            propose_in_loop_s = ((stages[f"proposes_in_loop_{PROPOSES_IN_LOOP}"].median_s
-                                  - stages["proposes_in_loop_1"].median_s) / (PROPOSES_IN_LOOP - 1))
+            propose_in_loop_s, loop_timings = time_proposes_in_loop(proposes, repeats=repeats)
+            stages |= loop_timings
             row.update(propose_ms=stages["propose"].median_s * 1e3, verify_ms=stages["verify"].median_s * 1e3,
                        propose_in_loop_ms=propose_in_loop_s * 1e3)
             row["accept_commit_ms"] = row["round_ms"] - row["propose_ms"] - row["verify_ms"]
@@ -133,6 +131,16 @@ def stage_calls(target, drafter, state, k, *, impl, tree=None):
                              jax.tree.map(jnp.copy, state.target_kv), mask)
     return (dict(propose=lambda: propose(drafter, state.draft_state, ctx), verify=verify),
             lambda n: loop(drafter, state.draft_state, ctx, jnp.int32(n)))
+
+
+def time_proposes_in_loop(proposes, *, repeats) -> tuple[float, dict]:
+    """Seconds per propose inside the on-device loop, (T(n) - T(1)) / (n - 1) of medians with
+    n = ``PROPOSES_IN_LOOP`` (``proposes`` from :func:`stage_calls`), and the two timings by name."""
+    timings = {f"proposes_in_loop_{n}": time_fn(lambda n=n: proposes(n), repeats=repeats)
+               for n in (1, PROPOSES_IN_LOOP)}
+    seconds = ((timings[f"proposes_in_loop_{PROPOSES_IN_LOOP}"].median_s - timings["proposes_in_loop_1"].median_s)
+               / (PROPOSES_IN_LOOP - 1))
+    return seconds, timings
 
 
 def proposes_in_loop(propose):
