@@ -49,7 +49,7 @@ from jspec.bench.flags import add_tp, common, mesh_of, subcommand
 from jspec.bench.controlled import ACCEPTANCE_METHOD, ControlledAcceptance, expected_acceptance_length
 from jspec.bench.presets import GREEDY, PRESETS, confident, is_tiny, load_target, random_prompts, weights_note
 from jspec.bench.roofline import copy_bandwidth, round_roofline_ratio
-from jspec.bench.rounds import measure_rounds
+from jspec.bench.rounds import PROPOSES_IN_LOOP, measure_rounds
 from jspec.bench.timing import time_fn
 from jspec.drafters import MTP, DraftModel, Eagle3, Eagle3Config, NGram, init_eagle3_head, init_mtp_head
 from jspec.policy import choose_for_batch, round_costs_by_batch
@@ -226,7 +226,8 @@ def run(args):
         result = report.result("spec", args.argv, env, rows, copy_bandwidth=copy, notes=(
             "round / decode step: medians of back-to-back donated jitted calls; stages: separate jitted programs "
             "(propose; verify forward of k+1 rows), accept_commit = round - propose - verify; "
-            "propose_in_loop_ms: (T(16) - T(1)) / 15 of proposes back to back in one on-device loop; "
+            f"propose_in_loop_ms: (T({PROPOSES_IN_LOOP}) - T(1)) / {PROPOSES_IN_LOOP - 1} of proposes back to back in one "
+            "on-device loop; "
             "propose_fraction_of_copy: propose_bytes / propose_in_loop_ms / this run's copy bandwidth"))
         report.write(args.out, result)
         return result
