@@ -1,8 +1,9 @@
 """The EAGLE-3-shaped propose at 8B (k = 4, batch 1, context 512, bf16 random weights): its time
-inside an on-device loop of proposes (``jspec.bench.rounds.time_proposes_in_loop``, twice), that time's
-fraction of the copy bandwidth for the bytes it reads, the kernels of one dispatched propose (the
-profiler's summary) and, with ``TIMELINE=1``, every kernel of one propose in launch order (own GPU
-time, ``jspec.bench.timing.own_times``) beside the optimized HLO. Run from the tree to measure::
+inside an on-device loop of proposes, with and without the loop's own iteration
+(``jspec.bench.rounds.time_proposes_in_loop``, twice), those times' fractions of the copy bandwidth
+for the bytes it reads, the kernels of one dispatched propose (the profiler's summary) and, with
+``TIMELINE=1``, every kernel of a loop of four proposes in launch order (own GPU time,
+``jspec.bench.timing.own_times``) beside the optimized HLO of one. Run from the tree to measure::
 
     PYTHONPATH=. TAG=main python benchmarks/probes/propose_in_loop.py   # writes $OUT/propose_in_loop_<TAG>.json
 
@@ -30,6 +31,7 @@ from jspec.bench.timing import own_times, time_fn, traced_events
 from jspec.drafters.base import RoundContext
 
 K, CONTEXT, CAPACITY = 4, 512, 1024
+TIMELINE_PROPOSES = 4
 
 
 def main():
@@ -39,17 +41,19 @@ def main():
     target = confident(jax.jit(jspec.init_params, static_argnums=(0, 2))(config, jax.random.key(0), jnp.bfloat16), 0)
     drafter = make_drafter("eagle3", target, draft=None, dtype=jnp.bfloat16, seed=0, impl="auto")
     state = spec_state(target, drafter, 1, CONTEXT, CAPACITY, "auto")
-    calls, proposes = stage_calls(target, drafter, state, K, impl="auto")
+    calls, loops = stage_calls(target, drafter, state, K, impl="auto")
     copy = copy_bandwidth(2 << 30)
     read = propose_bytes(drafter, K)
     runs = []
     for _ in range(2):
-        seconds, _ = time_proposes_in_loop(proposes, repeats=10)
-        runs.append(dict(propose_in_loop_ms=seconds * 1e3, fraction_of_copy=read / seconds / copy["bytes_per_s"]))
+        seconds, _ = time_proposes_in_loop(loops, repeats=10)
+        runs.append({name.removesuffix("_s") + "_ms": value * 1e3 for name, value in seconds.items()}
+                    | dict(fraction_of_copy=read / seconds["propose_net_s"] / copy["bytes_per_s"],
+                           fraction_of_copy_with_loop=read / seconds["propose_in_loop_s"] / copy["bytes_per_s"]))
     result = dict(tag=tag, k=K, context=CONTEXT, copy_tb_s=copy["tb_s"], propose_bytes=read, runs=runs,
                   propose_dispatched_ms=time_fn(calls["propose"], repeats=10).median_s * 1e3,
                   profile=decode.kernel_profile(calls["propose"]))
-    events = sorted(traced_events([calls["propose"]])) if os.environ.get("TIMELINE") else []
+    events = sorted(traced_events([lambda: loops["propose"](TIMELINE_PROPOSES)])) if os.environ.get("TIMELINE") else []
     if events:
         result["timeline"] = [dict(start_us=(start - events[0][0]) / 1e3, name=name, own_us=own * 1e6)
                               for (start, name, _), (_, own) in zip(events, own_times(events))]

@@ -77,19 +77,19 @@ def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repea
         if tree is None:  # the round's bandwidth bound, beside what it costs
             row["roofline_ratio"] = round_roofline_ratio(target, drafter, k, batch, context)
         if key in stages_k:  # what the round spends beyond its two big stages
-            calls, proposes = stage_calls(target, drafter, state, k, impl=impl, tree=tree)
+            calls, loops = stage_calls(target, drafter, state, k, impl=impl, tree=tree)
             stages = {name: time_fn(call, repeats=repeats) for name, call in calls.items()}
-            propose_in_loop_s, loop_timings = time_proposes_in_loop(proposes, repeats=repeats)
+            in_loop, loop_timings = time_proposes_in_loop(loops, repeats=repeats)
             stages |= loop_timings
             row.update(propose_ms=stages["propose"].median_s * 1e3, verify_ms=stages["verify"].median_s * 1e3,
-                       propose_in_loop_ms=propose_in_loop_s * 1e3)
+                       **{name.removesuffix("_s") + "_ms": seconds * 1e3 for name, seconds in in_loop.items()})
             row["accept_commit_ms"] = row["round_ms"] - row["propose_ms"] - row["verify_ms"]
             row["timings"].update({name: t.as_dict() for name, t in stages.items()})
             read = propose_bytes(drafter, k) if tree is None else None
             if read:
                 row["propose_bytes"] = read
                 if copy_bytes_per_s:  # the draft steps' bandwidth roofline, as they run inside generation
-                    row["propose_fraction_of_copy"] = read / propose_in_loop_s / copy_bytes_per_s
+                    row["propose_fraction_of_copy"] = read / in_loop["propose_net_s"] / copy_bytes_per_s
             # The kernels of one round, its two stages and one decode step side by side (profiler;
             # None off a GPU). The stages read the last state, so they go first: the round donates
             # it; the step takes a fresh one.
@@ -116,47 +116,69 @@ def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repea
 def stage_calls(target, drafter, state, k, *, impl, tree=None):
     """Propose (``propose_tree`` for a ``tree``) and verify as thunks of their own programs, to time
     or profile alone (``state`` itself is left alone: the verify runs in place on a copy of its
-    cache; a tree's verify runs its own tree's mask), and ``proposes(n)``: ``n`` of those proposes
-    in one on-device loop (:func:`proposes_in_loop`)."""
+    cache; a tree's verify runs its own tree's mask), and the on-device loops of
+    :func:`time_proposes_in_loop`: ``loops["propose"](n)``, ``n`` of those proposes in one loop
+    (:func:`proposes_in_loop`), and ``loops["empty"](n)``, the same loop with nothing in its body."""
     ctx = RoundContext(state.history, state.target_kv.lengths, state.root, state.features, state.target_kv)
     key = jax.random.key(0)
     if tree is None:
-        fn = lambda d, ds, c: d.propose(ds, c, num_draft_tokens=k, params=GREEDY, key=key)[0]  # noqa: E731
+        fn = lambda d, ds, c: d.propose(ds, c, num_draft_tokens=k, params=GREEDY, key=key)[::2]  # noqa: E731
     else:
-        fn = lambda d, ds, c: d.propose_tree(ds, c, shape=tree, params=GREEDY, key=key)[0]  # noqa: E731
-    propose, loop = jax.jit(fn), proposes_in_loop(fn)
+        fn = lambda d, ds, c: d.propose_tree(ds, c, shape=tree, params=GREEDY, key=key)  # noqa: E731
+    propose = jax.jit(lambda d, ds, c: fn(d, ds, c)[0])
+    loops = dict(propose=proposes_in_loop(fn), empty=proposes_in_loop(lambda d, ds, c: (jnp.int32(0), ds)))
     mask = None if tree is None else propose(drafter, state.draft_state, ctx).mask
     tokens = jnp.zeros((state.history.shape[0], k + 1), jnp.int32)
     verify = decode.in_place(decode.verify_pass(drafter.capture, impl), target, tokens,
                              jax.tree.map(jnp.copy, state.target_kv), mask)
     return (dict(propose=lambda: propose(drafter, state.draft_state, ctx), verify=verify),
-            lambda n: loop(drafter, state.draft_state, ctx, jnp.int32(n)))
+            {name: (lambda n, loop=loop: loop(drafter, state.draft_state, ctx, jnp.int32(n)))
+             for name, loop in loops.items()})
 
 
-def time_proposes_in_loop(proposes, *, repeats) -> tuple[float, dict]:
+def time_proposes_in_loop(loops, *, repeats) -> tuple[dict, dict]:
     """Seconds per propose inside the on-device loop, (T(n) - T(1)) / (n - 1) of medians with
-    n = ``PROPOSES_IN_LOOP`` (``proposes`` from :func:`stage_calls`), and the two timings by name."""
-    timings = {f"proposes_in_loop_{n}": time_fn(lambda n=n: proposes(n), repeats=repeats)
-               for n in (1, PROPOSES_IN_LOOP)}
-    seconds = ((timings[f"proposes_in_loop_{PROPOSES_IN_LOOP}"].median_s - timings["proposes_in_loop_1"].median_s)
-               / (PROPOSES_IN_LOOP - 1))
+    n = ``PROPOSES_IN_LOOP`` (``loops`` from :func:`stage_calls`): ``propose_in_loop_s``, one
+    propose and one iteration of the loop around it; ``loop_iteration_s``, an iteration with an
+    empty body (the loop's own counter, condition and body launch, which generation pays once a
+    round, not once a propose); ``propose_net_s``, the difference. And the timings by name."""
+    timings = {f"{name}_in_loop_{n}": time_fn(lambda n=n, loop=loop: loop(n), repeats=repeats)
+               for name, loop in loops.items() for n in (1, PROPOSES_IN_LOOP)}
+
+    def slope(name):
+        return ((timings[f"{name}_in_loop_{PROPOSES_IN_LOOP}"].median_s - timings[f"{name}_in_loop_1"].median_s)
+                / (PROPOSES_IN_LOOP - 1))
+
+    seconds = dict(propose_in_loop_s=slope("propose"), loop_iteration_s=slope("empty"))
+    seconds["propose_net_s"] = seconds["propose_in_loop_s"] - seconds["loop_iteration_s"]
     return seconds, timings
 
 
 def proposes_in_loop(propose):
-    """``run(drafter, draft_state, ctx, n)``: ``propose(drafter, draft_state, ctx)`` (its drafts)
-    ``n`` times (traced) back to back in one on-device loop compiled as generation's loops are
-    (command buffers), so its draft steps launch as they do inside generation: per propose =
-    (T(n) - T(1)) / (n - 1), the way ``decode`` takes ms/token. Every iteration reads its inputs
-    through an optimization barrier tied to the counter, which keeps XLA from hoisting the
-    loop-invariant propose out of the loop; the drafts' sum keeps it alive."""
+    """``run(drafter, draft_state, ctx, n)``: ``propose(drafter, draft_state, ctx)`` (its drafts and
+    its new draft state) ``n`` times (traced) back to back in one on-device loop compiled as
+    generation's loops are (command buffers), so its draft steps launch as they do inside generation:
+    per propose = (T(n) - T(1)) / (n - 1), the way ``decode`` takes ms/token. Every iteration reads
+    its inputs through an optimization barrier tied to the counter, which keeps XLA from hoisting the
+    loop-invariant propose out of the loop; the drafts' sum keeps it alive. The loop carries the
+    draft state's cache buffers as each propose leaves them (:func:`rewound`), so they are updated in
+    place as in generation, not copied from a read-only input every iteration."""
 
     def run(drafter, draft_state, ctx, n):
-        def body(i, total):
-            state_i, ctx_i, _ = jax.lax.optimization_barrier((draft_state, ctx, i))
-            drafts = propose(drafter, state_i, ctx_i)  # a chain's tokens, or a tree
-            return total + sum(jnp.sum(leaf, dtype=jnp.int32) for leaf in jax.tree.leaves(drafts))
+        def body(i, carry):
+            total, state = carry
+            state_i, ctx_i, _ = jax.lax.optimization_barrier((state, ctx, i))
+            drafts, new_state = propose(drafter, state_i, ctx_i)  # a chain's tokens, or a tree
+            total += sum(jnp.sum(leaf, dtype=jnp.int32) for leaf in jax.tree.leaves(drafts))
+            return total, rewound(new_state, draft_state)
 
-        return jax.lax.fori_loop(0, n, body, jnp.int32(0))
+        return jax.lax.fori_loop(0, n, body, (jnp.int32(0), draft_state))[0]
 
     return jax.jit(run, compiler_options=LOOP_COMPILER_OPTIONS)
+
+
+def rewound(new_state, draft_state):
+    """``draft_state`` with the cache buffers (leaves of rank >= 4, ``[batch, heads, rows, head_dim]``)
+    of ``new_state``: the rows a propose wrote lie past the lengths it started from, so the next
+    propose reads the cache the first one read and writes the same rows."""
+    return jax.tree.map(lambda new, old: new if new.ndim >= 4 else old, new_state, draft_state)

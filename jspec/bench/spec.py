@@ -7,9 +7,10 @@
   and one decode step side by side (``profiles``: ``jspec.bench.decode.kernel_profile``; the profiler
   does not see the kernels inside a loop, the propose's draft scan included). The propose is also
   timed inside an on-device loop of proposes (``propose_in_loop_ms``: (T(16) - T(1)) / 15, compiled
-  as generation's loops are, so no host between its draft steps); ``propose_fraction_of_copy``: the
-  bytes the propose reads (``propose_bytes``) over that time and this run's copy bandwidth (the
-  JSON's ``copy_bandwidth``). ``roofline_ratio``:
+  as generation's loops are, so no host between its draft steps), less one iteration of the same
+  loop with an empty body (``loop_iteration_ms``: generation pays it once a round):
+  ``propose_net_ms``; ``propose_fraction_of_copy``: the bytes the propose reads
+  (``propose_bytes``) over that net time and this run's copy bandwidth (the JSON's ``copy_bandwidth``). ``roofline_ratio``:
   the least a round can cost against a step when both stream their bytes at one bandwidth
   (:func:`jspec.bench.roofline.round_roofline_ratio`; the drafter's reads on top of the step's).
 * ``end_to_end`` rows: tokens/s of ``speculative_generate``'s on-device loop against plain
@@ -227,8 +228,9 @@ def run(args):
             "round / decode step: medians of back-to-back donated jitted calls; stages: separate jitted programs "
             "(propose; verify forward of k+1 rows), accept_commit = round - propose - verify; "
             f"propose_in_loop_ms: (T({PROPOSES_IN_LOOP}) - T(1)) / {PROPOSES_IN_LOOP - 1} of proposes back to back in one "
-            "on-device loop; "
-            "propose_fraction_of_copy: propose_bytes / propose_in_loop_ms / this run's copy bandwidth"))
+            "on-device loop (the draft cache carried through it, updated in place); loop_iteration_ms: the same for "
+            "an empty body; propose_net_ms: their difference; "
+            "propose_fraction_of_copy: propose_bytes / propose_net_ms / this run's copy bandwidth"))
         report.write(args.out, result)
         return result
 
