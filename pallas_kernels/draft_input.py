@@ -16,8 +16,7 @@ This is what an EAGLE-3 head does between its LM head and its next draft layer (
 XLA runs it as three or four launches on a draft step's critical path (H100, 8B head: ~7.6 us from
 the LM head's end to the next layer's q/k/v projection, ``benchmarks/loop_diag_h100.json``). The
 Pallas kernel (Triton backend) runs one program per sequence: the argmax over chunks of the logits
-(the first index of the maximum, as ``jnp.argmax``; ``-inf`` everywhere gives 0; NaN logits are
-skipped, where ``jnp.argmax`` would pick one), the offset, the
+(the first index of the maximum, as ``jnp.argmax``; ``-inf`` everywhere gives 0), the offset, the
 embedding row through a pointer window over the flat table, and both norms (rounded as
 :func:`pallas_kernels.gather_rows.rms_norm`).
 """
@@ -63,20 +62,18 @@ def draft_input_reference(logits, hidden, embed, embed_norm, hidden_norm, eps, *
 
 
 def _argmax(logits_ref, size):
-    """First index of the maximum of the ``size`` logits (``-inf`` everywhere: 0). Each lane keeps
-    its own running maximum over the chunks (strictly greater: an earlier chunk keeps a tie), so the
-    program reduces across its threads twice in all, not twice a chunk."""
+    """First index of the maximum of the ``size`` logits (``-inf`` everywhere: 0)."""
+    best_value, best_index = jnp.float32(-jnp.inf), jnp.int32(0)
     chunk = min(_next_pow2(size), _LOGITS_CHUNK)
-    best_values = jnp.full((chunk,), -jnp.inf, jnp.float32)
-    best_indices = jnp.zeros((chunk,), jnp.int32)
     for start in range(0, size, chunk):
         offsets = start + jnp.arange(chunk, dtype=jnp.int32)
         values = plgpu.load(logits_ref.at[offsets], mask=offsets < size, other=-jnp.inf).astype(jnp.float32)
-        better = values > best_values
-        best_indices = jnp.where(better, offsets, best_indices)
-        best_values = jnp.where(better, values, best_values)
-    best = jnp.max(best_values)
-    return jnp.min(jnp.where(best_values == best, best_indices, jnp.int32(size)))  # all -inf: index 0
+        chunk_max = jnp.max(values)
+        chunk_index = jnp.min(jnp.where(values == chunk_max, offsets, jnp.int32(size)))
+        better = chunk_max > best_value  # strictly: an earlier chunk keeps a tie
+        best_index = jnp.where(better, chunk_index, best_index)
+        best_value = jnp.where(better, chunk_max, best_value)
+    return best_index
 
 
 def _norm_row(load, store, width, eps, dtype):
