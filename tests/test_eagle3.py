@@ -15,7 +15,6 @@ from safetensors.numpy import load_file, save_file
 import jspec
 from jspec.drafters import Eagle3, Eagle3Head
 from jspec.drafters.base import RoundContext
-from jspec.drafters.hidden_state import HiddenStateDrafter
 from jspec.engine import pad_prompts
 from jspec.sampling import SamplingParams
 from jspec.speculative import start
@@ -81,22 +80,6 @@ def test_draft_steps_are_unrolled():
         return drafter.propose(draft_state, ctx, num_draft_tokens=4, params=SamplingParams(), key=jax.random.key(1))
 
     assert "stablehlo.while" not in jax.jit(propose).lower(state.draft_state, ctx).as_text()
-
-
-@pytest.mark.parametrize("own_embed", [False, True])
-def test_greedy_step_feeds_the_row_the_composition_would(own_embed):
-    """The fused greedy step (``draft_input``: the kernel interpreted, and its reference) picks the
-    token the head's argmax and d2t pick and feeds the layer what ``_layer_inputs`` would."""
-    target = tiny_model(7, num_layers=4)
-    head = eagle3_head(8, target, draft_vocab=40, own_embed=own_embed)
-    x = jax.random.normal(jax.random.key(3), (3, head.config.hidden_size))
-    for impl in ("xla", "pallas"):
-        drafter = Eagle3(head, impl=impl).bind(target)
-        tokens, (resid, attn_in) = drafter.greedy_step(x)
-        want_tokens, (want_resid, want_attn_in) = HiddenStateDrafter.greedy_step(drafter, x)
-        np.testing.assert_array_equal(np.asarray(tokens), np.asarray(want_tokens))
-        np.testing.assert_array_equal(np.asarray(resid), np.asarray(want_resid))
-        np.testing.assert_allclose(np.asarray(attn_in), np.asarray(want_attn_in), rtol=1e-5, atol=1e-5)
 
 
 def _copy(src, dst, *, config=None, tensors=None):

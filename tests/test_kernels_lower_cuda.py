@@ -13,7 +13,6 @@ import pytest
 
 from pallas_kernels.add_rms_norm import add_rms_norm_pallas
 from pallas_kernels.decode_attention import decode_attention_pallas
-from pallas_kernels.draft_input import draft_input_pallas
 from pallas_kernels.gather_rows import gather_rows_pallas
 from tests._lowering import lower_for_cuda, triton_kernel_count
 
@@ -55,23 +54,6 @@ def test_decode_attention_lowers_for_cuda(batch, num_q, num_q_heads, num_kv_head
 
     text = lower_for_cuda(fn, *args)
     assert triton_kernel_count(text) >= 1
-
-
-@pytest.mark.parametrize("batch,draft_vocab,vocab,hidden,mapped", [
-    (1, 32000, 128256, 4096, True),  # Llama-3.1-8B's EAGLE-3 head
-    (4, 151936, 151936, 1536, False),  # a head over Qwen2.5's full vocabulary
-    (2, 5000, 7000, 96, True),  # partial chunks
-])
-def test_draft_input_lowers_for_cuda(batch, draft_vocab, vocab, hidden, mapped):
-    row = _S((hidden,), jnp.bfloat16)
-    d2t = _S((draft_vocab,), jnp.int32) if mapped else None
-
-    def fn(logits, x, embed, embed_norm, hidden_norm, d2t):
-        return draft_input_pallas(logits, x, embed, embed_norm, hidden_norm, 1e-5, d2t=d2t, interpret=False)
-
-    text = lower_for_cuda(fn, _S((batch, draft_vocab), jnp.float32), _S((batch, hidden), jnp.bfloat16),
-                          _S((vocab, hidden), jnp.bfloat16), row, row, d2t)
-    assert triton_kernel_count(text) == 1
 
 
 @pytest.mark.parametrize("hidden,n,norm", [(3072, None, True), (4096, 4, True), (5000, 2, False)])

@@ -37,7 +37,6 @@ from jspec.layers import linear, rms_norm
 from jspec.models.base import Capture, random_matrix, random_norm_weight
 from jspec.models.llama import Layer, LlamaConfig, Model, from_hf_config, init_layer
 from jspec.models.llama.weights import layer_arrays, layer_tensors, read_layer
-from pallas_kernels.draft_input import draft_input
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 
@@ -163,7 +162,7 @@ class Eagle3(HiddenStateDrafter):
 
     def _layer_inputs(self, tokens, g, from_target: bool):
         eps = self._layer_config.rms_norm_eps
-        e = self._embedding()[tokens].astype(self.head.layer.attn_norm.dtype)
+        e = self._embedding()[tokens].astype(self.head.norm.dtype)
         h = self.fc(g) if from_target else g
         attn_in = jnp.concatenate([rms_norm(e, self.head.layer.attn_norm, eps, impl=self.impl),
                                    rms_norm(h, self.head.hidden_norm, eps, impl=self.impl)], -1)
@@ -171,14 +170,6 @@ class Eagle3(HiddenStateDrafter):
 
     def _recycle(self, x):
         return x
-
-    def greedy_step(self, x):
-        """:meth:`HiddenStateDrafter.greedy_step` as one ``draft_input`` call after the head's logits
-        (argmax, vocabulary map, embedding row, both norms and their concatenation)."""
-        tokens, attn_in = draft_input(self.head_logits(x), x, self._embedding(), self.head.layer.attn_norm,
-                                      self.head.hidden_norm, self._layer_config.rms_norm_eps, d2t=self.head.d2t,
-                                      impl=self.impl)
-        return tokens, (x[:, None], attn_in[:, None])
 
     def head_logits(self, x):
         h = rms_norm(x, self.head.norm, self._layer_config.rms_norm_eps, impl=self.impl)

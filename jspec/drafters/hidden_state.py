@@ -78,33 +78,23 @@ class HiddenStateDrafter:
 
     # --- the layer over rows ----------------------------------------------------------
 
-    def rotary(self, positions, dtype):
-        """The layer's RoPE ``(cos, sin)``, each ``[B, T, head_dim]``, at ``positions [B, T]``."""
-        return rope_cos_sin(positions, jnp.asarray(self._layer_config.rope_inv_freq()), dtype)
-
-    def run_rows(self, kv: KVCache, tokens, g, *, from_target: bool, keep_rows=None, tree_mask=None, rope=None):
+    def run_rows(self, kv: KVCache, tokens, g, *, from_target: bool, keep_rows=None, tree_mask=None):
         """Run rows ``tokens [B, T]`` / hidden ``g [B, T, F]`` at positions ``kv.lengths + 0..T-1``.
 
         Writes the K/V of all ``T`` rows; returns ``(x, kv)`` with ``x`` the layer output
         ``[B, T, H]`` (or ``[B, H]`` at ``keep_rows [B]``, sliced right after the K/V write)
         and ``kv.lengths`` advanced by ``T``. ``tree_mask [B, T, T]``: the rows attend to the
         cached rows and to the rows the mask shows them, and sit at ``kv.lengths`` plus the rows
-        they see, minus one (a causal mask gives the chain's positions). ``rope``: the rows'
-        ``(cos, sin)`` (:meth:`rotary`) when the caller made them already.
+        they see, minus one (a causal mask gives the chain's positions).
         """
-        resid, attn_in = self._layer_inputs(tokens, g, from_target)
-        return self.run_layer(kv, resid, attn_in, keep_rows=keep_rows, tree_mask=tree_mask, rope=rope)
-
-    def run_layer(self, kv: KVCache, resid, attn_in, *, keep_rows=None, tree_mask=None, rope=None):
-        """:meth:`run_rows` from the rows' layer inputs: the residual ``[B, T, H]`` and the
-        attention input ``[B, T, F]`` (what ``_layer_inputs`` makes of their tokens and hidden)."""
         c: LlamaConfig = self._layer_config
-        num_rows = resid.shape[1]
+        batch, num_rows = tokens.shape
         if tree_mask is None:
             positions = kv.lengths[:, None] + jnp.arange(num_rows, dtype=jnp.int32)[None, :]
         else:
             positions = kv.lengths[:, None] + jnp.sum(tree_mask, axis=-1, dtype=jnp.int32) - 1
-        cos, sin = self.rotary(positions, kv.k[0].dtype) if rope is None else rope
+        cos, sin = rope_cos_sin(positions, jnp.asarray(c.rope_inv_freq()), kv.k[0].dtype)
+        resid, attn_in = self._layer_inputs(tokens, g, from_target)
         x, k_buf, v_buf = decoder_layer(
             self._layer, c, resid, kv.k[0], kv.v[0], kv.lengths, positions, cos, sin,
             attn_input=attn_in, keep_rows=keep_rows, tree_mask=tree_mask, impl=self.impl,
@@ -137,12 +127,6 @@ class HiddenStateDrafter:
         tokens = jnp.where(jnp.arange(width)[None, :] == last[:, None], ctx.next_token[:, None], shifted)
         return self.catch_up(kv, jnp.zeros((batch,), jnp.int32), tokens, ctx.features, last)
 
-    def greedy_step(self, x):
-        """The greedy draft from layer outputs ``x [B, H]`` and the layer inputs of the row that feeds
-        it back: ``(tokens [B], (resid [B, 1, H], attn_in [B, 1, F]))``."""
-        tokens = self._to_target(jnp.argmax(self.head_logits(x), axis=-1).astype(jnp.int32))
-        return tokens, self._layer_inputs(tokens[:, None], self._recycle(x)[:, None], from_target=False)
-
     def propose(self, dstate: HeadState, ctx: RoundContext, *, num_draft_tokens: int, params: SamplingParams, key):
         keys = jax.random.split(key, num_draft_tokens)
 
@@ -153,25 +137,16 @@ class HiddenStateDrafter:
             full = self._draft_vocab_to_target(logits)  # [B, V] with -inf off the draft vocab
             return sample(step_key, full, params), probabilities(full, params)
 
-        def step(carry, step_inputs):
+        def step(carry, step_key):
             kv, x = carry
-            step_key, rope = step_inputs
-            if params.greedy:
-                (token, layer_inputs), probs = self.greedy_step(x), None
-            else:
-                token, probs = draw(step_key, x)
-                layer_inputs = self._layer_inputs(token[:, None], self._recycle(x)[:, None], from_target=False)
-            x_next, kv = self.run_layer(kv, *layer_inputs, rope=rope)
+            token, probs = draw(step_key, x)
+            x_next, kv = self.run_rows(kv, token[:, None], self._recycle(x)[:, None], from_target=False)
             return (kv, x_next[:, 0]), (token, probs)
 
-        # The draft rows' RoPE tables in one go: a step's own would be two more launches on its path.
-        steps = jnp.arange(num_draft_tokens - 1, dtype=jnp.int32)
-        cos, sin = self.rotary(dstate.kv.lengths[:, None] + steps[None, :], dstate.kv.k[0].dtype)
-        ropes = (cos.swapaxes(0, 1)[:, :, None], sin.swapaxes(0, 1)[:, :, None])  # [k-1, B, 1, head_dim]
         # Unrolled: one layer a step and a handful of steps, so the copies cost little compile time,
         # while a rolled loop launches its own bookkeeping kernels around every step (counter,
         # output row write, condition): 60 kernels instead of 70 at k = 4 on the H100.
-        (kv, x), (tokens, probs) = jax.lax.scan(step, (dstate.kv, dstate.hidden), (keys[:-1], ropes), unroll=True)
+        (kv, x), (tokens, probs) = jax.lax.scan(step, (dstate.kv, dstate.hidden), keys[:-1], unroll=True)
         last, last_probs = draw(keys[-1], x)
         draft_tokens = jnp.concatenate([tokens.T, last[:, None]], axis=1)
         new_state = HeadState(kv=kv, hidden=dstate.hidden)
