@@ -193,8 +193,8 @@ def _primitives(jaxpr) -> set[str]:
 
 def test_the_seed_step_runs_inside_the_one_draft_scan(prefilled):
     """propose's program: one scan of k iterations holds every assistant forward (the matmuls);
-    outside it, nothing but the RoPE tables and key splitting; the scan unrolled, so no loop
-    launches bookkeeping kernels between the steps once lowered."""
+    outside it, nothing but the RoPE tables and key splitting; one while loop once compiled (a rolled
+    scan: unrolled, the assistant's propose ran ~3x slower on the H100)."""
     target, state = prefilled
     drafter = _drafter(target, 9).bind(target)
     ctx = RoundContext(state.history, state.target_kv.lengths, state.root, state.features, state.target_kv)
@@ -209,7 +209,9 @@ def test_the_seed_step_runs_inside_the_one_draft_scan(prefilled):
     assert not {"dot_general", "scan", "while"} & outside
     assert scan.params["length"] == k  # k drafts, k assistant forwards: the seed is iteration 0
     assert "dot_general" in _primitives(scan.params["jaxpr"].jaxpr)
-    assert "stablehlo.while" not in jax.jit(propose).lower(ctx).as_text()
+    lowered = jax.jit(propose).lower(ctx)
+    assert lowered.as_text().count("stablehlo.while") == 1
+    assert lowered.compile().as_text().count(" while(") == 1  # XLA keeps the one loop
 
 
 def _primitives_of(eqn) -> set[str]:

@@ -217,7 +217,8 @@ class FrozenKVMTP:
             return (draft, hidden), (draft, probs)
 
         hidden = hidden.astype(self.assistant.dtype)  # the carry keeps one dtype
-        # Unrolled, as the hidden-state heads' draft steps (jspec.drafters.hidden_state): one small
-        # layer a step, and no loop bookkeeping kernels between steps.
-        _, (tokens, probs) = jax.lax.scan(one, (token, hidden), keys, unroll=True)
+        # Rolled, unlike the hidden-state heads' one-layer steps: unrolled, the E4B-shaped assistant's
+        # propose ran 2.05-2.85 ms in the on-device loop against 0.57-0.90 rolled (H100, k = 4 and 6,
+        # benchmarks/draft_step_h100/assistant_propose_in_loop_*.json).
+        _, (tokens, probs) = jax.lax.scan(one, (token, hidden), keys)
         return tokens.T, None if probs is None else probs.transpose(1, 0, 2)
