@@ -3,9 +3,12 @@ inside an on-device loop of proposes, with and without the loop's own iteration
 (``jspec.bench.rounds.time_proposes_in_loop``, twice), those times' fractions of the copy bandwidth
 for the bytes it reads, the kernels of one dispatched propose (the profiler's summary) and, with
 ``TIMELINE=1``, every kernel of a loop of four proposes in launch order (own GPU time,
-``jspec.bench.timing.own_times``) beside the optimized HLO of one. Run from the tree to measure::
+``jspec.bench.timing.own_times``) beside the optimized HLO of one. ``COPIED=1``: the proposes run in
+the eleventh session's loop instead (:func:`copied_loop`), which copies the draft cache every
+iteration. Run from the tree to measure::
 
     PYTHONPATH=. TAG=main python benchmarks/probes/propose_in_loop.py   # writes $OUT/propose_in_loop_<TAG>.json
+    PYTHONPATH=. TAG=copied COPIED=1 python benchmarks/probes/propose_in_loop.py
 
 ``TARGET``: another preset (``tiny`` to try the probe on a CPU; no profile there). The target keeps
 ``TARGET_LAYERS`` of its layers (default 2: the propose reads only its embedding table, and the
@@ -28,10 +31,26 @@ from jspec.bench.roofline import copy_bandwidth, propose_bytes
 from jspec.bench.rounds import spec_state, stage_calls, time_proposes_in_loop
 from jspec.bench.spec import make_drafter
 from jspec.bench.timing import own_times, time_fn, traced_events
+from jspec.compile_options import LOOP_COMPILER_OPTIONS
 from jspec.drafters.base import RoundContext
 
 K, CONTEXT, CAPACITY = 4, 512, 1024
 TIMELINE_PROPOSES = 4
+
+
+def copied_loop(propose):
+    """The eleventh session's loop of proposes (``propose`` returns the drafts): every iteration reads
+    the draft state as a loop-invariant input through the barrier, so XLA copies the draft cache
+    before the propose writes its rows into it, a copy generation never makes."""
+
+    def run(drafter, draft_state, ctx, n):
+        def body(i, total):
+            state_i, ctx_i, _ = jax.lax.optimization_barrier((draft_state, ctx, i))
+            return total + jnp.sum(propose(drafter, state_i, ctx_i))
+
+        return jax.lax.fori_loop(0, n, body, jnp.int32(0))
+
+    return jax.jit(run, compiler_options=LOOP_COMPILER_OPTIONS)
 
 
 def main():
@@ -42,6 +61,11 @@ def main():
     drafter = make_drafter("eagle3", target, draft=None, dtype=jnp.bfloat16, seed=0, impl="auto")
     state = spec_state(target, drafter, 1, CONTEXT, CAPACITY, "auto")
     calls, loops = stage_calls(target, drafter, state, K, impl="auto")
+    if os.environ.get("COPIED"):
+        ctx = RoundContext(state.history, state.target_kv.lengths, state.root, state.features, state.target_kv)
+        copied = copied_loop(lambda d, ds, c: d.propose(ds, c, num_draft_tokens=K, params=GREEDY,
+                                                            key=jax.random.key(0))[0])
+        loops["propose"] = lambda n: copied(drafter, state.draft_state, ctx, jnp.int32(n))
     copy = copy_bandwidth(2 << 30)
     read = propose_bytes(drafter, K)
     runs = []

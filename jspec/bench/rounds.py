@@ -121,10 +121,12 @@ def stage_calls(target, drafter, state, k, *, impl, tree=None):
     (:func:`proposes_in_loop`), and ``loops["empty"](n)``, the same loop with nothing in its body."""
     ctx = RoundContext(state.history, state.target_kv.lengths, state.root, state.features, state.target_kv)
     key = jax.random.key(0)
-    if tree is None:
-        fn = lambda d, ds, c: d.propose(ds, c, num_draft_tokens=k, params=GREEDY, key=key)[::2]  # noqa: E731
-    else:
-        fn = lambda d, ds, c: d.propose_tree(ds, c, shape=tree, params=GREEDY, key=key)  # noqa: E731
+    def fn(d, ds, c):  # (drafts, new draft state)
+        if tree is not None:
+            return d.propose_tree(ds, c, shape=tree, params=GREEDY, key=key)
+        tokens, _, new_state = d.propose(ds, c, num_draft_tokens=k, params=GREEDY, key=key)
+        return tokens, new_state
+
     propose = jax.jit(lambda d, ds, c: fn(d, ds, c)[0])
     loops = dict(propose=proposes_in_loop(fn), empty=proposes_in_loop(lambda d, ds, c: (jnp.int32(0), ds)))
     mask = None if tree is None else propose(drafter, state.draft_state, ctx).mask
