@@ -26,24 +26,9 @@ from jspec.bench import frozen_kv
 from jspec.bench.presets import PRESETS, confident
 from jspec.bench.rounds import spec_state, stage_calls, time_proposes_in_loop
 from jspec.drafters.frozen_kv_mtp import drafter as drafter_module
+from scan_unroll import force_scan_unroll
 
 CONTEXT, CAPACITY, KS = 512, 1024, (4, 6)
-
-
-class _UnrolledLax:
-    def __getattr__(self, name):
-        return getattr(jax.lax, name)
-
-    @staticmethod
-    def scan(f, init, xs=None, length=None, **kwargs):
-        return jax.lax.scan(f, init, xs, length, **(kwargs | dict(unroll=True)))
-
-
-class _UnrolledJax:
-    lax = _UnrolledLax()
-
-    def __getattr__(self, name):
-        return getattr(jax, name)
 
 
 def main():
@@ -54,7 +39,7 @@ def main():
     config = dataclasses.replace(preset, num_layers=layers, layer_types=preset.layer_types[:layers],
                                  num_kv_shared_layers=0)
     if os.environ.get("UNROLLED"):
-        drafter_module.jax = _UnrolledJax()
+        force_scan_unroll(drafter_module, True)
     target = confident(jax.jit(jspec.init_params, static_argnums=(0, 2))(config, jax.random.key(0), jnp.bfloat16), 0)
     drafter = frozen_kv.make_drafter(target, name, path=None, dtype=jnp.bfloat16, seed=0, impl="auto")
     state = spec_state(target, drafter, 1, CONTEXT, CAPACITY, "auto")

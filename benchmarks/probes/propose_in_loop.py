@@ -10,7 +10,9 @@ iteration. Run from the tree to measure::
     PYTHONPATH=. TAG=main python benchmarks/probes/propose_in_loop.py   # writes $OUT/propose_in_loop_<TAG>.json
     PYTHONPATH=. TAG=copied COPIED=1 python benchmarks/probes/propose_in_loop.py
 
-``TARGET``: another preset (``tiny`` to try the probe on a CPU; no profile there). The target keeps
+``ROLLED=1``: the head's draft scan rolled (the library unrolls it; ``scan_unroll.py``).
+``DRAFTER``: ``mtp`` for the MTP head (no byte model: no fractions of copy). ``TARGET``: another
+preset (``tiny`` to try the probe on a CPU; no profile there). The target keeps
 ``TARGET_LAYERS`` of its layers (default 2: the propose reads only its embedding table, and the
 captured layers it was prefilled with come from those; fewer layers make and compile faster).
 """
@@ -32,7 +34,9 @@ from jspec.bench.rounds import spec_state, stage_calls, time_proposes_in_loop
 from jspec.bench.spec import make_drafter
 from jspec.bench.timing import own_times, time_fn, traced_events
 from jspec.compile_options import LOOP_COMPILER_OPTIONS
+from jspec.drafters import hidden_state
 from jspec.drafters.base import RoundContext
+from scan_unroll import force_scan_unroll
 
 K, CONTEXT, CAPACITY = 4, 512, 1024
 TIMELINE_PROPOSES = 4
@@ -55,10 +59,12 @@ def copied_loop(propose):
 
 def main():
     out, tag = os.environ.get("OUT", "."), os.environ.get("TAG", "tree")
+    if os.environ.get("ROLLED"):
+        force_scan_unroll(hidden_state, 1)
     config = dataclasses.replace(PRESETS[os.environ.get("TARGET", "llama-3.1-8b")],
                                  num_layers=int(os.environ.get("TARGET_LAYERS", 2)))
     target = confident(jax.jit(jspec.init_params, static_argnums=(0, 2))(config, jax.random.key(0), jnp.bfloat16), 0)
-    drafter = make_drafter("eagle3", target, draft=None, dtype=jnp.bfloat16, seed=0, impl="auto")
+    drafter = make_drafter(os.environ.get("DRAFTER", "eagle3"), target, draft=None, dtype=jnp.bfloat16, seed=0, impl="auto")
     state = spec_state(target, drafter, 1, CONTEXT, CAPACITY, "auto")
     calls, loops = stage_calls(target, drafter, state, K, impl="auto")
     if os.environ.get("COPIED"):
@@ -72,8 +78,8 @@ def main():
     for _ in range(2):
         seconds, _ = time_proposes_in_loop(loops, repeats=10)
         runs.append({name.removesuffix("_s") + "_ms": value * 1e3 for name, value in seconds.items()}
-                    | dict(fraction_of_copy=read / seconds["propose_net_s"] / copy["bytes_per_s"],
-                           fraction_of_copy_with_loop=read / seconds["propose_in_loop_s"] / copy["bytes_per_s"]))
+                    | dict(fraction_of_copy=read and read / seconds["propose_net_s"] / copy["bytes_per_s"],
+                           fraction_of_copy_with_loop=read and read / seconds["propose_in_loop_s"] / copy["bytes_per_s"]))
     result = dict(tag=tag, k=K, context=CONTEXT, copy_tb_s=copy["tb_s"], propose_bytes=read, runs=runs,
                   propose_dispatched_ms=time_fn(calls["propose"], repeats=10).median_s * 1e3,
                   profile=decode.kernel_profile(calls["propose"]))
