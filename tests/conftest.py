@@ -25,6 +25,11 @@ def pytest_configure(config):
         os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jspec-tests-xla-")
         config.stash[_OWN_CACHE] = os.environ["JAX_COMPILATION_CACHE_DIR"]
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+    # The suite's programs are tiny and mostly compiled, not run: LLVM's optimization passes took a
+    # third of the wall time of the compile-heavy tests. Level 0 keeps the semantics (XLA:CPU does
+    # not let LLVM reassociate floating point), so every exactness test still means what it says.
+    if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
     jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
     jax.config.update("jax_persistent_cache_min_compile_time_secs",
                       float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
