@@ -32,7 +32,7 @@ from jspec.bench.presets import GREEDY, PRESETS, confident
 from jspec.bench.roofline import copy_bandwidth, propose_bytes
 from jspec.bench.rounds import spec_state, stage_calls, time_proposes_in_loop
 from jspec.bench.spec import make_drafter
-from jspec.bench.timing import own_times, time_fn, traced_events
+from jspec.bench.timing import time_fn, timeline
 from jspec.compile_options import LOOP_COMPILER_OPTIONS
 from jspec.drafters import hidden_state
 from jspec.drafters.base import RoundContext
@@ -83,10 +83,8 @@ def main():
     result = dict(tag=tag, k=K, context=CONTEXT, copy_tb_s=copy["tb_s"], propose_bytes=read, runs=runs,
                   propose_dispatched_ms=time_fn(calls["propose"], repeats=10).median_s * 1e3,
                   profile=decode.kernel_profile(calls["propose"]))
-    events = sorted(traced_events([lambda: loops["propose"](TIMELINE_PROPOSES)])) if os.environ.get("TIMELINE") else []
-    if events:
-        result["timeline"] = [dict(start_us=(start - events[0][0]) / 1e3, name=name, own_us=own * 1e6)
-                              for (start, name, _), (_, own) in zip(events, own_times(events))]
+    if os.environ.get("TIMELINE"):
+        result["timeline"] = timeline([lambda: loops["propose"](TIMELINE_PROPOSES)])
         ctx = RoundContext(state.history, state.target_kv.lengths, state.root, state.features, state.target_kv)
         propose = jax.jit(lambda d, ds, c: d.propose(ds, c, num_draft_tokens=K, params=GREEDY, key=jax.random.key(0)))
         with open(f"{out}/propose_hlo_{tag}.txt", "w") as f:

@@ -180,6 +180,15 @@ def traced_events(thunks: list[Callable[[], object]]) -> list[tuple[int, str, in
     return kernels
 
 
+def timeline(thunks: list[Callable[[], object]]) -> list[dict]:
+    """Every GPU kernel the thunks run, in start order: ``start_us`` from the first kernel's start,
+    ``name`` and ``own_us`` (:func:`own_times`), for reading where a program's time goes; empty on a
+    CPU."""
+    events = sorted(traced_events(thunks))  # none on a CPU
+    return [dict(start_us=(start - events[0][0]) / 1e3, name=name, own_us=own * 1e6)
+            for (start, name, _), (_, own) in zip(events, own_times(events))]
+
+
 def _traced_kernels(thunks: list[Callable[[], object]]) -> list[tuple[str, float]]:
     """``(kernel name, seconds)`` of every GPU kernel the thunks run, in launch order, from one
     profiler trace: each kernel's time on the GPU (:func:`own_times`), without host dispatch or gaps."""
