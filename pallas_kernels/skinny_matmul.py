@@ -249,7 +249,10 @@ def _auto_uses_pallas(m: int, k: int, n: int, x_dtype, w_dtype) -> bool:
     not the LM head (N > 32768), where they tie. That includes the small models' projections from
     512 x 512 up (SmolLM2-135M, Qwen2.5-0.5B: K or N under 1024; XLA runs them as reductions with
     more launches around them): their decode step's kernels 0.915 / 1.052 GPU ms with the kernel
-    against 1.044 / 1.165 (H100, ``benchmarks/decode_h100_short_k*.json``).
+    against 1.044 / 1.165 (H100, ``benchmarks/decode_h100_short_k*.json``). From 256 x 256 up: the
+    Gemma 4 assistant's hidden size is 256, and XLA ran its one-row projections as a product written
+    out by one kernel and summed by another; on the kernel its propose took 15% less time (H200, in
+    the on-device loop: 0.462-0.470 vs 0.544-0.546 ms at k = 4, ``benchmarks/draft_step_h200/``).
     """
     half = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
     if jnp.dtype(x_dtype) != jnp.dtype(w_dtype) or jnp.dtype(x_dtype) not in half or m > MAX_M:
@@ -257,7 +260,7 @@ def _auto_uses_pallas(m: int, k: int, n: int, x_dtype, w_dtype) -> bool:
     tuned = _TUNED.get((k, n), {}).get(_m_bucket(m))
     if tuned is not None:
         return tuned[1]
-    return m == 1 and k >= 512 and 512 <= n <= 32768
+    return m == 1 and k >= 256 and 256 <= n <= 32768
 
 
 def skinny_matmul(x, w, *, impl="auto", w_transposed=False, gated=None, split_parts=False):

@@ -114,6 +114,8 @@ def test_add_rms_norm_with_a_scale_lowers_for_cuda():
         (1, 576, 960, jnp.bfloat16, None),  # a small model's qkv: one split of 32-column tiles, ragged K
         (1, 2560, 256, jnp.bfloat16, None),  # Gemma 4 E4B's per-layer-input gate (tuned: 4 splits)
         (1, 256, 2560, jnp.bfloat16, None),  # ... and its projection (tuned: one split)
+        (1, 256, 1024, jnp.bfloat16, None),  # the Gemma 4 assistant's q (hidden 256): one split
+        (1, 2048, 256, jnp.bfloat16, None),  # ... its down: the rule's split-K
         (64, 4096, 128256, jnp.bfloat16, None),  # LM head, M = 64
         (3, 1000, 777, jnp.bfloat16, (64, 256, 3, 4, 4)),  # ragged K, N and split
         (17, 300, 200, jnp.float32, (32, 64, 2, 8, 3)),  # fp32, masks everywhere
@@ -133,7 +135,7 @@ def test_skinny_matmul_lowers_for_cuda(m, k, n, dtype, cfg):
 
 
 @pytest.mark.parametrize("m,k,n,gated", [(5, 2048, 16384, "silu"), (3, 576, 3072, "silu"), (1, 576, 3072, "silu"),
-                                         (1, 2560, 20480, "gelu_tanh")])
+                                         (1, 2560, 20480, "gelu_tanh"), (1, 256, 4096, "gelu_tanh")])
 def test_skinny_matmul_with_gate_lowers_for_cuda(m, k, n, gated):
     import importlib
 

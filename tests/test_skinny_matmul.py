@@ -113,12 +113,15 @@ def test_auto_rule():
     assert not sm._auto_uses_pallas(2, 5120, 8192, bf, bf)
     assert not sm._auto_uses_pallas(1, 5120, 152064, bf, bf)
     assert not sm._auto_uses_pallas(1, 4096, 4096, jnp.float32, jnp.float32)
-    # Small models' projections at one row, K or N under 1024 (SmolLM2-135M, Qwen2.5-0.5B), from 512 x 512 up.
+    # Small models' projections at one row, K or N under 1024 (SmolLM2-135M, Qwen2.5-0.5B, the Gemma 4
+    # assistant's hidden size 256), from 256 x 256 up.
     assert sm._auto_uses_pallas(1, 576, 960, bf, bf)
     assert sm._auto_uses_pallas(1, 1536, 576, bf, bf)
     assert sm._auto_uses_pallas(1, 896, 2 * 4864, bf, bf)
     assert not sm._auto_uses_pallas(5, 576, 960, bf, bf)
-    assert not sm._auto_uses_pallas(1, 256, 256, bf, bf)
+    assert sm._auto_uses_pallas(1, 256, 256, bf, bf) and sm._auto_uses_pallas(1, 256, 2 * 2048, bf, bf)
+    assert sm._auto_uses_pallas(1, 2048, 256, bf, bf) and sm._auto_uses_pallas(1, 5120, 256, bf, bf)
+    assert not sm._auto_uses_pallas(1, 128, 256, bf, bf) and not sm._auto_uses_pallas(1, 256, 192, bf, bf)
     # Gemma 4 E4B's per-layer-input gate and projection: measured, so the kernel at one row, XLA beyond
     assert sm._auto_uses_pallas(1, 2560, 256, bf, bf) and sm._auto_uses_pallas(1, 256, 2560, bf, bf)
     assert not sm._auto_uses_pallas(5, 2560, 256, bf, bf)
@@ -150,8 +153,9 @@ def test_one_row_over_a_short_k_takes_one_split_of_narrow_tiles():
     assert sm.default_config(1, 2048, 2048) == sm.SkinnyConfig(*sm._TUNED[(2048, 2048)][1][0])
 
 
-@pytest.mark.parametrize("m,k,n", [(1, 576, 960), (2, 896, 130)])  # ragged K steps; N not a multiple of 32
-def test_kernel_short_k_tiling(m, k, n):
+# ragged K steps; N not a multiple of 32; the Gemma 4 assistant's o (1024 -> 256) and pre-projection (5120 -> 256)
+@pytest.mark.parametrize("m,k,n", [(1, 576, 960), (2, 896, 130), (1, 1024, 256), (1, 5120, 256)])
+def test_kernel_default_tilings_of_small_one_row_projections(m, k, n):
     x, w = _inputs(m, k, n, jnp.bfloat16, seed=k)
     _check(sm.skinny_matmul_pallas(x, w, interpret=True), x, w)
 
@@ -170,7 +174,8 @@ def _check_gated(out, x, w, gated="silu"):
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
 @pytest.mark.parametrize("m,k,n,gated", [(1, 200, 256, "silu"), (5, 256, 128, "silu"), (17, 300, 192, "silu"),
-                                         (1, 200, 256, "gelu_tanh"), (5, 256, 128, "gelu_tanh")])  # 96: 32-wide tiles
+                                         (1, 200, 256, "gelu_tanh"), (5, 256, 128, "gelu_tanh"),
+                                         (1, 256, 4096, "gelu_tanh")])  # 96: 32-wide tiles; the assistant's gate/up
 def test_kernel_gates_the_activation_of_gate_times_up(m, k, n, gated, dtype):
     """w = [gate | up] -> act(x @ gate) * (x @ up) [m, n / 2] (SiLU: Llama / Qwen; tanh GELU: Gemma 4):
     each program holds one column tile of each half, so the MLP's activation costs no launch of its

@@ -6,7 +6,9 @@ unrolled (the drafter module alone sees a ``jax.lax.scan`` that forces ``unroll=
 2026-11-28 were made when the library unrolled and ``ROLLED=1`` forced ``unroll=1``). Batch 1,
 context 512, bf16 random weights; the target keeps ``TARGET_LAYERS`` of its layers (default 6: five
 sliding and one full, none KV-shared; the assistant reads only the last of each type and the
-embedding table). Run from the tree::
+embedding table). ``TIMELINE=1``: every kernel of a loop of two proposes at each k, in launch order
+(own GPU time). ``CHECK=1``: one propose's drafts (k = 6) with the drafter on ``auto`` and on ``xla``.
+Run from the tree::
 
     PYTHONPATH=. OUT=. TAG=rolled python benchmarks/probes/assistant_propose_in_loop.py
     PYTHONPATH=. OUT=. TAG=unrolled UNROLLED=1 python benchmarks/probes/assistant_propose_in_loop.py
@@ -25,6 +27,7 @@ import jspec
 from jspec.bench import frozen_kv
 from jspec.bench.presets import PRESETS, confident
 from jspec.bench.rounds import spec_state, stage_calls, time_proposes_in_loop
+from jspec.bench.timing import timeline
 from jspec.drafters.frozen_kv_mtp import drafter as drafter_module
 from scan_unroll import force_scan_unroll
 
@@ -45,6 +48,12 @@ def main():
     state = spec_state(target, drafter, 1, CONTEXT, CAPACITY, "auto")
     result = dict(tag=tag, target=name, target_layers=layers, context=CONTEXT, unrolled=bool(os.environ.get("UNROLLED")),
                   device=str(jax.devices()[0]), runs={})
+    if os.environ.get("CHECK"):  # the drafts of one propose on the kernels == on XLA's ops
+        on_xla = frozen_kv.make_drafter(target, name, path=None, dtype=jnp.bfloat16, seed=0, impl="xla")
+        drafts = {impl: stage_calls(target, d, state, max(KS), impl=impl)[0]["propose"]().tolist()
+                  for impl, d in (("auto", drafter), ("xla", on_xla))}
+        result["drafts"] = drafts | dict(equal=drafts["auto"] == drafts["xla"])
+        print(tag, "drafts", result["drafts"], flush=True)
     for k in KS:
         _, loops = stage_calls(target, drafter, state, k, impl="auto")
         runs = []
@@ -52,6 +61,8 @@ def main():
             seconds, _ = time_proposes_in_loop(loops, repeats=10)
             runs.append({key.removesuffix("_s") + "_ms": value * 1e3 for key, value in seconds.items()})
         result["runs"][f"k{k}"] = runs
+        if os.environ.get("TIMELINE"):
+            result[f"timeline_k{k}"] = timeline([lambda: loops["propose"](2)])
         print(tag, k, [round(r["propose_net_ms"], 4) for r in runs], flush=True)
     with open(f"{out}/assistant_propose_in_loop_{tag}.json", "w") as f:
         json.dump(result, f, indent=1)

@@ -196,12 +196,14 @@ def check_add_rms_norm(seed=0):
 
 def check_fused_matmul(seed=0, max_weight=None):
     """The skinny matmul with its gated epilogue (decode / verify rows at the 8B, 1B, SmolLM2 and
-    Qwen2.5-0.5B gate/up shapes with SiLU, Gemma 4 E4B's with the tanh GELU, a ragged K);
+    Qwen2.5-0.5B gate/up shapes with SiLU, Gemma 4 E4B's and its assistant's with the tanh GELU, a
+    ragged K) and the assistant's plain one-row projections (hidden 256: q, o, down, pre-projection);
     ``max_weight``: skip weights of more elements."""
     rng = np.random.default_rng(seed)
     for m, k, n, gated in [(1, 4096, 28672, "silu"), (5, 2048, 16384, "silu"), (1, 576, 3072, "silu"),
                            (1, 896, 9728, "silu"), (3, 1000, 1536, "silu"), (1, 2560, 20480, "gelu_tanh"),
-                           (3, 1000, 1536, "gelu_tanh")]:
+                           (3, 1000, 1536, "gelu_tanh"), (1, 256, 4096, "gelu_tanh"), (1, 256, 1024, None),
+                           (1, 1024, 256, None), (1, 2048, 256, None), (1, 5120, 256, None)]:
         if max_weight and k * n > max_weight:
             continue
         x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
