@@ -19,6 +19,7 @@ from safetensors.numpy import load_file, save_file
 import jspec
 from jspec.drafters import FrozenKVMTP, assistant_config, init_assistant
 from jspec.drafters.base import RoundContext
+from jspec.drafters.frozen_kv_mtp.assistant import top_k_indices
 from jspec.engine import pad_prompts, prefill
 from jspec.models.gemma4 import FULL, SLIDING
 from jspec.sampling import SamplingParams
@@ -189,6 +190,16 @@ def test_tolerated_checkpoint_variants(assistant_dir, tmp_path):
 
 
 # --- targets that do not fit ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("n,k", [(2048, 32), (16, 4), (9, 9), (7, 1)])
+def test_the_centroid_top_k_is_lax_top_k_with_its_ties(n, k, dtype):
+    """The centroids the head keeps are ``lax.top_k``'s, in its order, ties (lower index first) included."""
+    rng = np.random.default_rng(n + k)
+    for scores in (rng.standard_normal((3, n)), rng.integers(0, 4, (3, n)).astype(np.float32)):  # 4 values: ties
+        scores = jnp.asarray(scores, dtype)
+        np.testing.assert_array_equal(top_k_indices(scores, k), jax.lax.top_k(scores, k)[1])
 
 
 def _abstract(config):

@@ -2,8 +2,8 @@
 hidden 256, 4 layers, 2048 centroids) inside an on-device loop of proposes
 (``jspec.bench.rounds.time_proposes_in_loop``: per propose, the loop's own iteration and their
 difference), with its draft steps in a rolled ``lax.scan`` (the library's) or, with ``UNROLLED=1``,
-unrolled (the drafter module alone sees a ``jax.lax.scan`` that forces ``unroll=True``; the files of
-2026-11-28 were made when the library unrolled and ``ROLLED=1`` forced ``unroll=1``). Batch 1,
+unrolled (the drafter module alone sees a ``jax.lax.scan`` that forces ``unroll=True``; ``UNROLLED=2``:
+two steps a loop iteration; the twelfth session's files of 2026-11-28 were made when the library unrolled and ``ROLLED=1`` forced ``unroll=1``). Batch 1,
 context 512, bf16 random weights; the target keeps ``TARGET_LAYERS`` of its layers (default 6: five
 sliding and one full, none KV-shared; the assistant reads only the last of each type and the
 embedding table). ``TIMELINE=1``: every kernel of a loop of two proposes at each k, in launch order
@@ -41,8 +41,8 @@ def main():
     preset = PRESETS[name]
     config = dataclasses.replace(preset, num_layers=layers, layer_types=preset.layer_types[:layers],
                                  num_kv_shared_layers=0)
-    if os.environ.get("UNROLLED"):
-        force_scan_unroll(drafter_module, True)
+    if os.environ.get("UNROLLED"):  # 1: every step; n > 1: n steps a loop iteration
+        force_scan_unroll(drafter_module, True if os.environ["UNROLLED"] == "1" else int(os.environ["UNROLLED"]))
     target = confident(jax.jit(jspec.init_params, static_argnums=(0, 2))(config, jax.random.key(0), jnp.bfloat16), 0)
     drafter = frozen_kv.make_drafter(target, name, path=None, dtype=jnp.bfloat16, seed=0, impl="auto")
     state = spec_state(target, drafter, 1, CONTEXT, CAPACITY, "auto")
