@@ -2,10 +2,10 @@
 hidden 256, 4 layers, 2048 centroids) inside an on-device loop of proposes
 (``jspec.bench.rounds.time_proposes_in_loop``: per propose, the loop's own iteration and their
 difference), with its draft steps in a rolled ``lax.scan`` (the library's) or, with ``UNROLLED=1``,
-unrolled (the drafter module alone sees a ``jax.lax.scan`` that forces ``unroll=True``; ``UNROLLED=2``:
-two steps a loop iteration; the twelfth session's files of 2026-11-28 were made when the library unrolled and ``ROLLED=1`` forced ``unroll=1``). Batch 1,
-context 512, bf16 random weights; the target keeps ``TARGET_LAYERS`` of its layers (default 6: five
-sliding and one full, none KV-shared; the assistant reads only the last of each type and the
+unrolled (the drafter module alone sees a ``jax.lax.scan`` that forces ``unroll=True``;
+``UNROLLED=2``: two steps a loop iteration; the twelfth session's files of 2026-11-28 were made when
+the library unrolled and ``ROLLED=1`` forced ``unroll=1``). Batch 1, context 512, bf16 random
+weights; the target keeps ``TARGET_LAYERS`` of its layers (default 6: five sliding and one full, none KV-shared; the assistant reads only the last of each type and the
 embedding table). ``TIMELINE=1``: every kernel of a loop of two proposes at each k, in launch order
 (own GPU time). ``CHECK=1``: one propose's drafts (k = 6) with the drafter on ``auto`` and on ``xla``.
 Run from the tree::
@@ -46,7 +46,7 @@ def main():
     target = confident(jax.jit(jspec.init_params, static_argnums=(0, 2))(config, jax.random.key(0), jnp.bfloat16), 0)
     drafter = frozen_kv.make_drafter(target, name, path=None, dtype=jnp.bfloat16, seed=0, impl="auto")
     state = spec_state(target, drafter, 1, CONTEXT, CAPACITY, "auto")
-    result = dict(tag=tag, target=name, target_layers=layers, context=CONTEXT, unrolled=bool(os.environ.get("UNROLLED")),
+    result = dict(tag=tag, target=name, target_layers=layers, context=CONTEXT, unrolled=os.environ.get("UNROLLED"),
                   device=str(jax.devices()[0]), runs={})
     if os.environ.get("CHECK"):  # the drafts of one propose on the kernels == on XLA's ops
         on_xla = frozen_kv.make_drafter(target, name, path=None, dtype=jnp.bfloat16, seed=0, impl="xla")

@@ -184,7 +184,7 @@ def timeline(thunks: list[Callable[[], object]]) -> list[dict]:
     """Every GPU kernel the thunks run, in start order: ``start_us`` from the first kernel's start,
     ``name`` and ``own_us`` (:func:`own_times`), for reading where a program's time goes; empty on a
     CPU."""
-    events = sorted(traced_events(thunks))  # none on a CPU
+    events = sorted(traced_events(thunks))
     return [dict(start_us=(start - events[0][0]) / 1e3, name=name, own_us=own * 1e6)
             for (start, name, _), (_, own) in zip(events, own_times(events))]
 
