@@ -1,14 +1,14 @@
-"""The Gemma 4 assistant's propose (Frozen-KV MTP, the E4B-shaped assistant of ``bench frozen-kv``:
-hidden 256, 4 layers, 2048 centroids) inside an on-device loop of proposes
+"""The Gemma 4 assistant's propose (Frozen-KV MTP, the E4B-shaped assistant of ``bench frozen-kv``: hidden
+256, 4 layers, 2048 centroids) inside an on-device loop of proposes
 (``jspec.bench.rounds.time_proposes_in_loop``: per propose, the loop's own iteration and their
 difference), with its draft steps in a rolled ``lax.scan`` (the library's) or, with ``UNROLLED=1``,
-unrolled (the drafter module alone sees a ``jax.lax.scan`` that forces ``unroll=True``;
-``UNROLLED=2``: two steps a loop iteration; the twelfth session's files of 2026-11-28 were made when
-the library unrolled and ``ROLLED=1`` forced ``unroll=1``). Batch 1, context 512, bf16 random
-weights; the target keeps ``TARGET_LAYERS`` of its layers (default 6: five sliding and one full, none KV-shared; the assistant reads only the last of each type and the
-embedding table). ``TIMELINE=1``: every kernel of a loop of two proposes at each k, in launch order
-(own GPU time). ``CHECK=1``: one propose's drafts (k = 6) with the drafter on ``auto`` and on ``xla``.
-Run from the tree::
+unrolled (the drafter module alone sees a ``jax.lax.scan`` that forces ``unroll=True``; ``UNROLLED=2``:
+two steps a loop iteration; the twelfth session's files of 2026-11-28 were made when the library
+unrolled and ``ROLLED=1`` forced ``unroll=1``). Batch 1, context 512, bf16 random weights; the target
+keeps ``TARGET_LAYERS`` of its layers (default 6: five sliding and one full, none KV-shared; the
+assistant reads only the last of each type and the embedding table). ``TIMELINE=1``: every kernel of a
+loop of two proposes at each k, in launch order (own GPU time). ``CHECK=1``: one propose's drafts
+(k = 6) with the drafter on ``auto`` and on ``xla``. Run from the tree::
 
     PYTHONPATH=. OUT=. TAG=rolled python benchmarks/probes/assistant_propose_in_loop.py
     PYTHONPATH=. OUT=. TAG=unrolled UNROLLED=1 python benchmarks/probes/assistant_propose_in_loop.py
