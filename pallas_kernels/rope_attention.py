@@ -94,8 +94,7 @@ def rope_attention_pallas(qkv, cos, sin, k_buf, v_buf, kv_lengths, q_norm=None, 
                     num_heads=num_heads, num_kv_heads=num_kv_heads if writes_kv else 0, head_dim=head_dim,
                     eps=float(eps), norm=norm, v_norm=v_norm, k_eq_v=k_eq_v, dtype=k_buf.dtype, splits=splits,
                     split_stride=batch * rows * columns)
-    # the output in the projection's dtype (the cache's: the partials are fp32), as rope_write's q
-    q = jax.ShapeDtypeStruct((batch, rows, num_heads, head_dim), k_buf.dtype if qkv.ndim == 4 else qkv.dtype)
+    q = jax.ShapeDtypeStruct((batch, rows, num_heads, head_dim), qkv.dtype)
     result = _decode_call(q, k_buf, v_buf, kv_lengths, q_positions, tail_mask, window,
                           head_dim**-0.5 if scale is None else scale, new_rows=new_rows,
                           interpret=interpret_mode() if interpret is None else interpret, **cfg)
