@@ -9,18 +9,17 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jspec.parallel import TensorParallel, per_head, split_columns
-from pallas_kernels import decode_attention, skinny_matmul
-from pallas_kernels.add_rms_norm import add_parts, add_rms_norm, sum_parts
+from jspec.parallel import TensorParallel, split_columns
+from pallas_kernels import skinny_matmul
+from pallas_kernels.add_rms_norm import add_parts, add_rms_norm
 from pallas_kernels.skinny_matmul import GATES
 from pallas_kernels._dispatch import check_impl
 from pallas_kernels.gather_rows import FP32_SCALE, gather_rows_pallas, rms_norm as _rms_norm
 from pallas_kernels.gather_rows import rms_norm_fp32_scale as _rms_norm_fp32_scale
-from pallas_kernels.rope_attention import rope_attention
 from pallas_kernels.rope_write import check_norm, rope_write, rope_write_heads, rotate_half
 
 __all__ = ["rms_norm", "rms_norm_fp32_scale", "add_parts", "add_rms_norm", "linear", "fuses_around_kernels",
-           "gated_mlp", "silu_mlp", "gelu_tanh", "apply_rope", "rope_and_write", "rope_write_attend"]
+           "gated_mlp", "silu_mlp", "gelu_tanh", "apply_rope", "rope_and_write"]
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, impl: str = "auto") -> jax.Array:
@@ -122,44 +121,3 @@ def rope_and_write(qkv: jax.Array, parts: tuple[int, ...], cos: jax.Array, sin: 
     norm_fn = rms_norm if norm is None else rms_norm_fp32_scale
     return rope_write_heads(q, k, k if k_eq_v else v[0], cos, sin, k_buf, v_buf, kv_lengths, q_norm=q_norm,
                             k_norm=k_norm, eps=eps, norm=functools.partial(norm_fn, impl=impl), v_norm=v_norm)
-
-
-def rope_write_attend(qkv: jax.Array, parts: tuple[int, ...], cos: jax.Array, sin: jax.Array, k_buf: jax.Array,
-                      v_buf: jax.Array, kv_lengths: jax.Array, q_positions: jax.Array, *, head_dim: int,
-                      q_norm: jax.Array | None = None, k_norm: jax.Array | None = None, eps: float = 1e-6,
-                      norm: str | None = None, v_norm: bool = False, tail_mask: jax.Array | None = None,
-                      window: int | None = None, scale: float | None = None, impl: str = "auto",
-                      parallel: TensorParallel | None = None):
-    """A step's attention from its fused q/k/v projection ``qkv [batch, T, sum(parts)]`` (or its
-    split-K partials ``[splits, batch, T, sum(parts)]``, :func:`linear`'s ``split_parts``):
-    :func:`rope_and_write` at ``kv_lengths - T`` (``kv_lengths [batch]``: valid cache rows once the
-    step's rows are in), then :func:`pallas_kernels.decode_attention` at ``q_positions [batch, T]``.
-    ``parts``: as for :func:`rope_and_write`, or ``(q,)`` alone for a layer that reads another's
-    cache (Gemma 4's KV-shared layers: q normed and rotated, nothing written). Returns ``(out
-    [batch, T, heads, head_dim], k_buf, v_buf)``. One launch where :func:`fuses_around_kernels` and
-    ``pallas_kernels.rope_attention`` take its kernel."""
-    batch, rows, _ = qkv.shape[-3:]
-    writes_kv = len(parts) > 1
-    options = dict(q_norm=q_norm, k_norm=k_norm, eps=eps, norm=norm, v_norm=v_norm)
-    if fuses_around_kernels(impl, parallel):
-        return rope_attention(qkv, cos, sin, k_buf, v_buf, kv_lengths, q_positions=q_positions,
-                              num_heads=parts[0] // head_dim, writes_kv=writes_kv, k_eq_v=len(parts) == 2,
-                              tail_mask=tail_mask, window=window, scale=scale, impl=impl, **options)
-    if qkv.ndim == 4:
-        qkv = sum_parts(qkv, k_buf.dtype)
-    if writes_kv:
-        q, k_buf, v_buf = rope_and_write(qkv, parts, cos, sin, k_buf, v_buf, kv_lengths - rows, head_dim=head_dim,
-                                         impl=impl, parallel=parallel, **options)
-    else:
-        check_norm(norm, v_norm)
-        q = split_columns(qkv, parts, parallel)[0].reshape(batch, rows, -1, head_dim)
-        if q_norm is not None:
-            q = (rms_norm if norm is None else rms_norm_fp32_scale)(q, q_norm, eps, impl=impl)
-        q = apply_rope(q, cos, sin)
-
-    def attend(q, k_buf, v_buf, kv_lengths, q_positions, tail_mask):
-        return decode_attention(q, k_buf, v_buf, kv_lengths, q_positions=q_positions, tail_mask=tail_mask,
-                                window=window, scale=scale, impl=impl)
-
-    out = per_head(attend, q, k_buf, v_buf, kv_lengths, q_positions, tail_mask, parallel=parallel)
-    return out, k_buf, v_buf

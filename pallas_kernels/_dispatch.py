@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 
 IMPLS = ("auto", "pallas", "xla", "invariant")
-KERNELS = ("add_rms_norm", "decode_attention", "gather_rows", "rope_attention", "rope_write", "skinny_matmul")
+KERNELS = ("add_rms_norm", "decode_attention", "gather_rows", "rope_write", "skinny_matmul")
 
 
 def check_impl(impl: str, kernel: str) -> str:

@@ -36,7 +36,6 @@ from jax.experimental.pallas import triton as plgpu
 from pallas_kernels import pdl
 from pallas_kernels._dispatch import interpret_mode
 from pallas_kernels.decode_tiling import tiling
-from pallas_kernels.rope_write import NewRows
 from pallas_kernels.split_kv import (
     _MASK_VALUE,
     _block_range,
@@ -73,8 +72,6 @@ def _decode_kernel(
     #   o [(num_programs + batch) * num_q * num_q_heads * head_dim] fp32 unnormalised partials,
     #   m, l [(num_programs + batch) * num_q * num_q_heads] fp32 running max (log2 units), denominator,
     #   arrived [batch * num_kv_heads * m_blocks] int32, zero on entry: partials stored per group
-    new_rows=None,  # rope_write.NewRows: q (q_ref unused) and the tail's K/V from the step's projection
-    cache_out=None,  # (k, v) outputs aliased to k_ref / v_ref: new_rows' K/V rows are written there
     *,
     batch: int,
     block_m: int,
@@ -135,22 +132,7 @@ def _decode_kernel(
                                       has_tail=bool(n_words))
         first = jnp.maximum(first, blk_lo)
         trips = jnp.maximum(jnp.minimum(last, blk_hi) - first, 0)
-        if new_rows is None:
-            q = plgpu.load(q_ref.at[q_offsets], mask=qo_mask, other=0)
-        else:
-            q = new_rows.q(b * num_q + qi, kv_head * group + r % group, row_ok).astype(k_ref.dtype)
-        # The tail's K/V rows as this step makes them: the cache may not hold them yet (another
-        # program of this launch writes them), so they replace whatever a block read there. Made
-        # only in a block that holds some (usually one program per sequence and KV head).
-        fresh_tail = bool(new_rows and new_rows.num_kv_heads)
-
-        def with_tail(start, k, v):
-            rows = start + lax.broadcasted_iota(jnp.int32, (block_k, 1), 0)
-            for t in range(num_q):
-                k_new, v_new = new_rows.kv(b * num_q + t, kv_head)
-                k = jnp.where(rows == tail_start + t, k_new.astype(k.dtype), k)
-                v = jnp.where(rows == tail_start + t, v_new.astype(v.dtype), v)
-            return k, v
+        q = plgpu.load(q_ref.at[q_offsets], mask=qo_mask, other=0)
         qpos = pos[:, None]  # [block_m, 1]
         cache = b * num_kv_heads + kv_head
 
@@ -175,18 +157,15 @@ def _decode_kernel(
             start = pl.multiple_of((first + t) * block_k, block_k)
             j = start + iota_k
             k = k_ref[cache, pl.ds(start, block_k), :]
-            # Rows past the length may be NaN: load them as zeros (0 * NaN would poison o).
-            v_ok = jnp.broadcast_to((j < length).reshape(block_k, 1), (block_k, head_dim))
-            v = plgpu.load(v_ref.at[cache, pl.ds(start, block_k), :], mask=v_ok, other=0)
-            if fresh_tail:
-                holds_tail = (start < tail_start + num_q) & (start + block_k > tail_start)
-                k, v = lax.cond(holds_tail, lambda k, v: with_tail(start, k, v), lambda k, v: (k, v), k, v)
             vis = visible(j)
             s = jnp.where(vis, dot(q, k, 1) * qk_scale, _MASK_VALUE)
             m_new = jnp.maximum(m, jnp.max(s, axis=1))
             corr = jnp.exp2(m - m_new)
             p = jnp.where(vis, jnp.exp2(s - m_new[:, None]), 0.0)
             l = l * corr + jnp.sum(p, axis=1)
+            # Rows past the length may be NaN: load them as zeros (0 * NaN would poison o).
+            v_ok = jnp.broadcast_to((j < length).reshape(block_k, 1), (block_k, head_dim))
+            v = plgpu.load(v_ref.at[cache, pl.ds(start, block_k), :], mask=v_ok, other=0)
             return o * corr[:, None] + dot(p.astype(v.dtype), v, 0), m_new, l
 
         carry = (jnp.zeros((block_m, head_dim), jnp.float32), jnp.full((block_m,), _MASK_VALUE, jnp.float32),
@@ -195,15 +174,6 @@ def _decode_kernel(
 
     def write_output(b, o, l, row_ok, r, head_row):
         _store_rows(out_ref, o, l, place(row_ok, r, b * rows + head_row, batch * rows), row_ok)
-
-    if cache_out is not None:  # one program per sequence and KV head writes the new rows (num_programs >= batch)
-        @pl.when((m_block == 0) & (program < batch))
-        def _():
-            cache = program * num_kv_heads + kv_head
-            for t in range(num_q):
-                row = pl.ds(len_ref[program] - num_q + t, 1)
-                for out, value in zip(cache_out, new_rows.kv(program * num_q + t, kv_head)):
-                    plgpu.store(out.at[cache, row, :], value.astype(out.dtype))
 
     if split_refs is None:  # one program per sequence and KV head reads it all
         b = program
@@ -263,17 +233,13 @@ def _decode_kernel(
 
 def _decode_call(
     q, k, v, kv_lengths, q_positions, tail_mask, window, scale, *, block_m, block_k, k_splits, merge_in_kernel,
-    num_warps, num_stages, interpret, new_rows=None,
+    num_warps, num_stages, interpret,
 ):
-    """Run the kernel -> the output [B, Q * Hq, Dp] (and with ``new_rows`` writing K/V, the caches).
+    """Run the kernel -> the output [B, Q * Hq, Dp].
 
     Every operand is passed whole (the kernel finds its sequence from the work split) and flat
     where the kernel gathers rows from it. With k_splits > 1 the kernel also gets scratch outputs
     for the split programs' partials and a zeroed arrival counter per (sequence, KV head, M block).
-    ``new_rows`` (:func:`pallas_kernels.rope_attention.rope_attention_pallas`): ``q`` is only a
-    shape, the query and the tail's K/V come from ``new_rows["qkv"]`` (rotated in the kernel, see
-    ``rope_write.NewRows``), and where it has K/V columns those rows are also written into ``k`` and
-    ``v``, which the outputs alias (needs ``max_len`` a multiple of ``block_k``: no padded copy).
     """
     batch, num_q, num_q_heads, head_dim = q.shape
     _, num_kv_heads, max_len, _ = k.shape
@@ -284,15 +250,11 @@ def _decode_call(
     bh = batch * num_kv_heads
     rows = num_q * num_q_heads
 
+    qf = q.astype(k.dtype)
     kk = k.reshape(bh, max_len, head_dim)
     vv = v.reshape(bh, max_len, head_dim)
-    if new_rows is None:
-        qf = q.astype(k.dtype)
-        if d_pad != head_dim:  # a copy: only for odd head dims
-            qf = jnp.pad(qf, ((0, 0), (0, 0), (0, 0), (0, d_pad - head_dim)))
-    elif s_pad != max_len or d_pad != head_dim:
-        raise ValueError(f"the fused RoPE path needs max_len a multiple of block_k {block_k} and head_dim a power "
-                         f"of two >= 16, got {max_len}, {head_dim}")
+    if d_pad != head_dim:  # a copy: only for odd head dims
+        qf = jnp.pad(qf, ((0, 0), (0, 0), (0, 0), (0, d_pad - head_dim)))
     if s_pad != max_len or d_pad != head_dim:  # a copy: only for odd cache shapes
         kk = jnp.pad(kk, ((0, 0), (0, s_pad - max_len), (0, d_pad - head_dim)))
         vv = jnp.pad(vv, ((0, 0), (0, s_pad - max_len), (0, d_pad - head_dim)))
@@ -307,14 +269,7 @@ def _decode_call(
         bits = jnp.sum(tail << jnp.arange(32, dtype=jnp.uint32), axis=-1, dtype=jnp.uint32)
         bits = lax.bitcast_convert_type(bits, jnp.int32).transpose(0, 2, 1)  # [B, W, Q]
         args.append(bits.reshape(batch * n_words * num_q))
-    if new_rows is None:
-        args.append(qf.reshape(batch * rows * d_pad))
-        num_norms = 0
-    else:
-        norms = [n for n in (new_rows["q_norm"], new_rows["k_norm"]) if n is not None]
-        num_norms = len(norms)
-        args += [new_rows["qkv"].reshape(-1), new_rows["cos"].reshape(-1), new_rows["sin"].reshape(-1), *norms]
-    args += [kk, vv]
+    args += [qf.reshape(batch * rows * d_pad), kk, vv]
     out_shape = [jax.ShapeDtypeStruct((batch * rows * d_pad,), q.dtype)]
     aliases = {}
     num_programs = batch * k_splits  # per KV head and M block
@@ -331,36 +286,16 @@ def _decode_call(
             out_shape.append(jax.ShapeDtypeStruct((bh * m_blocks,), jnp.int32))
             aliases = {len(args): len(out_shape) - 1}  # the counters start at zero
             args.append(jnp.zeros((bh * m_blocks,), jnp.int32))
-    num_counters = len(aliases)
-    writes = new_rows is not None and new_rows["num_kv_heads"] > 0
-    if writes:  # the caches, updated in place where they are donated
-        k_at = len(args) - num_counters - 2
-        aliases.update({k_at: len(out_shape), k_at + 1: len(out_shape) + 1})
-        out_shape += [jax.ShapeDtypeStruct(kk.shape, kk.dtype), jax.ShapeDtypeStruct(vv.shape, vv.dtype)]
 
     def kernel(*refs):
         len_ref, pos_ref, *refs = refs
         tail_ref = refs.pop(0) if n_words else None
-        rows_view = None
-        if new_rows is None:
-            q_ref, k_ref, v_ref, *refs = refs
-        else:
-            qkv_ref, cos_ref, sin_ref, *refs = refs
-            norm_refs = iter(refs[:num_norms])
-            q_norm_ref, k_norm_ref = (None if new_rows[name] is None else next(norm_refs) for name in ("q_norm", "k_norm"))
-            k_ref, v_ref, *refs = refs[num_norms:]
-            q_ref = qkv_ref
-            rows_view = NewRows(qkv_ref, cos_ref, sin_ref, q_norm_ref, k_norm_ref, **{
-                key: new_rows[key] for key in ("columns", "num_heads", "num_kv_heads", "head_dim", "eps", "norm",
-                                               "v_norm", "k_eq_v", "dtype", "splits", "split_stride")})
-        del refs[:num_counters]  # the counters' input, aliased to an output
-        cache_out = None
-        if writes:
-            *refs, k_out, v_out = refs
-            cache_out = (k_out, v_out)
+        q_ref, k_ref, v_ref, *refs = refs
+        if aliases:
+            del refs[0]  # the counters' input, aliased to the last output
         out_ref, *split_refs = refs
         _decode_kernel(
-            len_ref, pos_ref, tail_ref, q_ref, k_ref, v_ref, out_ref, split_refs or None, rows_view, cache_out,
+            len_ref, pos_ref, tail_ref, q_ref, k_ref, v_ref, out_ref, split_refs or None,
             batch=batch, block_m=block_m, m_blocks=m_blocks, block_k=block_k, num_programs=num_programs, num_q=num_q,
             group=group, num_kv_heads=num_kv_heads, max_len=max_len, qk_scale=float(scale) * _LOG2E,
             window=None if window is None else int(window), n_words=n_words, interpret=bool(interpret),
@@ -377,17 +312,13 @@ def _decode_call(
         interpret=interpret,
         name="jspec_decode_attention",
     )(*args)
-    out = outs[0]
     if split and not merge_in_kernel:
-        out = combine_partials(
+        outs = [combine_partials(
             outs[0], *outs[1:4], args[0], args[1], batch=batch, num_q=num_q, rows=rows, max_len=max_len,
             block_k=block_k, window=window, has_tail=bool(n_words), num_programs=num_programs, k_splits=k_splits,
             interpret=interpret,
-        )
-    out = out.reshape(batch, rows, d_pad)
-    if writes:
-        return out, outs[-2].reshape(k.shape), outs[-1].reshape(v.shape)
-    return out
+        )]
+    return outs[0].reshape(batch, rows, d_pad)
 
 
 def decode_attention_pallas(

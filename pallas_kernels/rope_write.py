@@ -17,9 +17,7 @@ at the sequence's length.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import operator
 
 import jax
 import jax.numpy as jnp
@@ -94,10 +92,14 @@ def _kernel(len_ref, qkv_ref, cos_ref, sin_ref, *refs, num_heads, num_kv_heads, 
     def normed(x1, x2, norm_ref):  # each row over both halves, rounded as the reference (NORMS[norm]) rounds
         x1_32, x2_32 = x1.astype(jnp.float32), x2.astype(jnp.float32)
         inv = jax.lax.rsqrt((jnp.sum(x1_32 * x1_32, axis=1) + jnp.sum(x2_32 * x2_32, axis=1)) / (2 * half) + eps)
+        n1, n2 = x1_32 * inv[:, None], x2_32 * inv[:, None]
         if norm_ref is None:  # Gemma 4's v_norm: no weight
-            return _scaled(x1, inv, None, norm), _scaled(x2, inv, None, norm)
+            return n1.astype(x1.dtype), n2.astype(x2.dtype)
         w1, w2 = plgpu.load(norm_ref.at[pl.ds(0, half)]), plgpu.load(norm_ref.at[pl.ds(half, half)])
-        return _scaled(x1, inv, w1, norm), _scaled(x2, inv, w2, norm)
+        if norm == FP32_SCALE:  # scale in fp32, cast last
+            return ((n1 * w1.astype(jnp.float32)[None, :]).astype(x1.dtype),
+                    (n2 * w2.astype(jnp.float32)[None, :]).astype(x2.dtype))
+        return w1[None, :] * n1.astype(x1.dtype), w2[None, :] * n2.astype(x2.dtype)  # cast, then scale
 
     def rotated(column, norm_ref):
         x1, x2 = load_half(qkv_ref, column), load_half(qkv_ref, column + half)
@@ -124,89 +126,6 @@ def _kernel(len_ref, qkv_ref, cos_ref, sin_ref, *refs, num_heads, num_kv_heads, 
         v_column = k_column if k_eq_v else k_column + num_kv_heads * 2 * half
         v = load_half(qkv_ref, v_column), load_half(qkv_ref, v_column + half)
         store(v_out, (b, kv_head, cache_rows), normed(*v, None) if v_norm else v)
-
-
-def _scaled(x, inv, weight, norm):
-    """Rows ``x [n, m]`` times ``inv [n]`` (fp32) and ``weight [m]``, rounded as ``NORMS[norm]`` rounds
-    (FP32_SCALE: scaled in fp32, cast last; None: cast, then scaled); no weight: cast."""
-    normed = x.astype(jnp.float32) * inv[:, None]
-    if weight is None:
-        return normed.astype(x.dtype)
-    if norm == FP32_SCALE:
-        return (normed * weight.astype(jnp.float32)[None, :]).astype(x.dtype)
-    return weight[None, :] * normed.astype(x.dtype)
-
-
-@dataclasses.dataclass(frozen=True)
-class NewRows:
-    """A step's rows of the q/k/v projection as another kernel reads them (the attention kernel of
-    :mod:`pallas_kernels.rope_attention`): q, k and v of a head, normed, rotated and rounded as
-    :func:`rope_write_pallas` makes them, straight from flat refs.
-
-    ``qkv_ref [splits * B * T * C]`` (``C`` columns: q heads, then k, then v, as rope_write takes
-    them; q only with ``num_kv_heads == 0``), with ``splits > 1`` the projection's split-K partials
-    (fp32, ``split_stride = B * T * C`` apart; ``jspec.layers.linear(split_parts=True)``), summed in
-    order and rounded to ``dtype`` as they are loaded; ``cos_ref`` / ``sin_ref [B * T * D]``, the norms'
-    weights or None. A head is loaded whole and again with its halves swapped (the rotation's
-    partner), so each lane holds one output element."""
-
-    qkv_ref: object
-    cos_ref: object
-    sin_ref: object
-    q_norm_ref: object
-    k_norm_ref: object
-    columns: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    eps: float
-    norm: str | None
-    v_norm: bool
-    k_eq_v: bool
-    dtype: object
-    splits: int = 1
-    split_stride: int = 0
-
-    def _load(self, rows, column, ok, lanes):
-        offsets = (rows * self.columns + column)[:, None] + lanes[None, :]
-        mask = jnp.broadcast_to(ok[:, None], offsets.shape)
-        parts = [plgpu.load(self.qkv_ref.at[offsets + s * self.split_stride], mask=mask, other=0)
-                 for s in range(self.splits)]
-        return functools.reduce(operator.add, parts).astype(self.dtype)
-
-    def _rotated(self, rows, column, ok, norm_ref):
-        """``rows [n]`` (flat ``b * T + t``), ``column [n]``: each row's head -> [n, D], normed and rotated."""
-        d = jnp.arange(self.head_dim, dtype=jnp.int32)
-        half = self.head_dim // 2
-        first = d < half
-        partner = jnp.where(first, d + half, d - half)
-        x, x_partner = self._load(rows, column, ok, d), self._load(rows, column, ok, partner)
-        if norm_ref is not None:
-            x32 = x.astype(jnp.float32)
-            inv = jax.lax.rsqrt(jnp.sum(x32 * x32, axis=1) / self.head_dim + self.eps)
-            x = _scaled(x, inv, plgpu.load(norm_ref.at[d]), self.norm)
-            x_partner = _scaled(x_partner, inv, plgpu.load(norm_ref.at[partner]), self.norm)
-        table = rows[:, None] * self.head_dim + d[None, :]
-        mask = jnp.broadcast_to(ok[:, None], table.shape)
-        cos = plgpu.load(self.cos_ref.at[table], mask=mask, other=0)
-        sin = plgpu.load(self.sin_ref.at[table], mask=mask, other=0)
-        return x * cos + jnp.where(first[None, :], -x_partner, x_partner) * sin
-
-    def q(self, rows, heads, ok):
-        """Query rows ``[n, D]``: row ``rows[i]``'s head ``heads[i]``, where ``ok``."""
-        return self._rotated(rows, heads * self.head_dim, ok, self.q_norm_ref)
-
-    def kv(self, row, kv_head):
-        """The K and V row ``[1, D]`` of flat row ``row`` and KV head ``kv_head``, as written to the cache."""
-        rows, ok = jnp.full((1,), row, jnp.int32), jnp.full((1,), True)
-        k_column = (self.num_heads + kv_head) * self.head_dim
-        k = self._rotated(rows, k_column, ok, self.k_norm_ref)
-        v_column = k_column if self.k_eq_v else k_column + self.num_kv_heads * self.head_dim
-        v = self._load(rows, v_column, ok, jnp.arange(self.head_dim, dtype=jnp.int32))
-        if self.v_norm:
-            v32 = v.astype(jnp.float32)
-            v = _scaled(v, jax.lax.rsqrt(jnp.sum(v32 * v32, axis=1) / self.head_dim + self.eps), None, self.norm)
-        return k, v
 
 
 def check_norm(norm, v_norm):

@@ -15,7 +15,6 @@ from pallas_kernels import decode_attention, gather_rows, skinny_matmul
 from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.decode_attention import decode_attention_pallas, decode_attention_reference
 from pallas_kernels.decode_tiling import tiling
-from pallas_kernels.rope_attention import rope_attention
 from pallas_kernels.rope_write import rope_write
 
 
@@ -245,57 +244,6 @@ def check_rope_write(seed=0):
                        lambda: np.nan_to_num(np.asarray(fns["xla"](*args), np.float32), nan=1e4), (2e-2, 1e-2))
 
 
-def check_rope_attention(seed=0):
-    """RoPE + cache write + decode attention in one launch against the two kernels it replaces (and
-    XLA's reference) at SmolLM2 / Llama-3.2-1B / 8B / Gemma 4 E4B head shapes, decode and verify
-    rows, ragged lengths, caches NaN past them, the projection whole or as 8 split-K partials
-    (Llama-3.2-1B's and E4B's q/k/v). ``bitwise_vs_two_kernels``: the output and caches equal those
-    of ``rope_write`` + ``decode_attention`` on their kernels (after XLA's sum of the partials) bit
-    for bit."""
-    rng = np.random.default_rng(seed)
-    gemma4 = dict(norm="fp32_scale", v_norm=True)
-    for batch, rows, heads, kv_heads, head_dim, options in [
-            (1, 1, 9, 3, 64, {}), (1, 5, 9, 3, 64, {}), (1, 1, 32, 8, 64, {}), (1, 1, 32, 8, 64, dict(splits=8)),
-            (1, 5, 32, 8, 64, dict(splits=8)), (4, 5, 32, 8, 128, {}), (1, 1, 8, 2, 256, dict(gemma4, splits=8)),
-            (1, 1, 32, 8, 128, dict(qk_norm=True)), (1, 1, 8, 2, 256, dict(gemma4, window=512)),
-            (2, 5, 8, 2, 512, dict(gemma4, k_eq_v=True)), (1, 5, 8, 2, 256, dict(gemma4, writes_kv=False))]:
-        options = dict(options)
-        qk_norm = options.pop("qk_norm", False) or "norm" in options
-        splits = options.pop("splits", 0)
-        writes, k_eq_v = options.get("writes_kv", True), options.get("k_eq_v", False)
-        max_len = 640
-        columns = heads + (kv_heads * (1 if k_eq_v else 2) if writes else 0)
-        shape = (batch, rows, columns * head_dim)
-        qkv = (jnp.asarray(rng.standard_normal((splits, *shape)) / 3, jnp.float32) if splits
-               else jnp.asarray(rng.standard_normal(shape), jnp.bfloat16))
-        angles = np.tile(rng.uniform(0, 6, (batch, rows, head_dim // 2)), 2)
-        cos, sin = (jnp.asarray(f(angles), jnp.bfloat16) for f in (np.cos, np.sin))
-        lengths = jnp.asarray(rng.integers(rows, max_len + 1, size=batch), jnp.int32)  # once the rows are in
-        past = np.arange(max_len)[None, None, :, None] >= np.asarray(lengths - (rows if writes else 0))[:, None, None, None]
-        caches = [jnp.asarray(np.where(past, np.nan, rng.standard_normal((batch, kv_heads, max_len, head_dim))),
-                              jnp.bfloat16) for _ in range(2)]
-        positions = lengths[:, None] - rows + jnp.arange(rows)[None]
-        norms = [jnp.asarray(1 + 0.1 * rng.standard_normal(head_dim), jnp.bfloat16) if qk_norm else None
-                 for _ in range(2)]
-        fns = {impl: jax.jit(lambda *a, impl=impl, options=options: jnp.concatenate([x.reshape(-1) for x in rope_attention(
-            *a[:6], q_positions=a[6], num_heads=heads, q_norm=a[7], k_norm=a[8], impl=impl, **options)]))
-            for impl in ("pallas", "pallas,rope_attention=xla", "xla")}
-        args = (qkv, cos, sin, *caches, lengths, positions, *norms)
-        entry = dict(measure="check", name=f"rope_attention_b{batch}_t{rows}_h{heads}_{kv_heads}_d{head_dim}"
-                                           f"_qknorm{qk_norm}" + "".join(f"_{k}" for k in options)
-                                           + (f"_splits{splits}" if splits else ""))
-        outs = {}
-
-        def run(impl):  # NaN -> a sentinel: a row written where it must not be, or left unwritten, mismatches
-            outs[impl] = np.nan_to_num(np.asarray(fns[impl](*args), np.float32), nan=1e4)
-            return outs[impl]
-
-        entry = _compare(entry, lambda: run("pallas"), lambda: run("xla"), (2e-2, 1e-2))
-        if "error" not in entry:
-            entry["bitwise_vs_two_kernels"] = bool(np.array_equal(outs["pallas"], run("pallas,rope_attention=xla")))
-        yield entry
-
-
 def check_wide_swapped(max_len_cap=None, seed=0):
     """The wide-head kernel with the rows on WGMMA's N axis against the reference."""
     from pallas_kernels.wide_head_swapped import decode_attention_swapped
@@ -328,8 +276,7 @@ def run_check(max_len_cap=None, seed=0, max_weight=None) -> list[dict]:
     rows = []
     for entry in itertools.chain(check_decode_attention(max_len_cap, seed), check_split_merge(max_len_cap, seed=seed),
                                  check_gather_rows(seed), check_add_rms_norm(seed), check_fused_matmul(seed, max_weight),
-                                 check_rope_write(seed), check_rope_attention(seed),
-                                 check_wide_swapped(max_len_cap, seed)):
+                                 check_rope_write(seed), check_wide_swapped(max_len_cap, seed)):
         rows.append(entry)
         print(json.dumps(entry, default=float))
     return rows

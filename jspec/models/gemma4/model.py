@@ -27,14 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.kv import KVCache
-from jspec.parallel import TensorParallel
-from jspec.layers import add_rms_norm, fuses_around_kernels, gated_mlp, gelu_tanh, linear, rope_write_attend
+from jspec.parallel import TensorParallel, per_head, split_columns
+from jspec.layers import add_rms_norm, apply_rope, fuses_around_kernels, gated_mlp, gelu_tanh, linear, rope_and_write
 from jspec.layers import rms_norm_fp32_scale as rms_norm
 from jspec.models.base import (NO_CAPTURE, Capture, as_is, lm_head, random_matrix, random_norm_weight,
                                token_positions)
 from jspec.models.gemma4.config import SLIDING, Gemma4Config
 from jspec.rope import rope_cos_sin
-from pallas_kernels import gather_rows
+from pallas_kernels import decode_attention, gather_rows
 from pallas_kernels.gather_rows import FP32_SCALE
 
 
@@ -149,14 +149,24 @@ def attention(
     batch, num_rows, _ = h.shape
     _, head_dim = c.attention_shape(index)
     q_size = c.num_heads * head_dim
-    # Where kernels fuse, the attention kernel sums the projection's split-K partials as it loads them.
-    proj = linear(h, layer.qkv, impl=impl, parallel=parallel, split="column",
-                  split_parts=fuses_around_kernels(impl, parallel))
-    # q, k and (unless k_eq_v: the raw k) v normed, rotated and written; a KV-shared layer: q only
-    attn, k_buf, v_buf = rope_write_attend(
-        proj, qkv_parts(c, index), cos, sin, k_buf, v_buf, kv_lengths, positions, head_dim=head_dim,
-        q_norm=layer.q_norm, k_norm=layer.k_norm, eps=c.rms_norm_eps, norm=FP32_SCALE, v_norm=True,
-        tail_mask=tree_mask, window=c.window(index), scale=1.0, impl=impl, parallel=parallel)
+    proj = linear(h, layer.qkv, impl=impl, parallel=parallel, split="column")
+    parts = qkv_parts(c, index)
+    if len(parts) > 1:  # q, k and (unless k_eq_v: the raw k) v: normed, rotated and written in one kernel
+        q, k_buf, v_buf = rope_and_write(proj, parts, cos, sin, k_buf, v_buf, kv_lengths - num_rows,
+                                         head_dim=head_dim, q_norm=layer.q_norm, k_norm=layer.k_norm,
+                                         eps=c.rms_norm_eps, norm=FP32_SCALE, v_norm=True, impl=impl,
+                                         parallel=parallel)
+    else:  # a KV-shared layer: q only
+        q = split_columns(proj, parts, parallel)[0].reshape(batch, num_rows, c.num_heads, head_dim)
+        q = rms_norm(q, layer.q_norm, c.rms_norm_eps, impl=impl)
+        q = apply_rope(q, cos, sin)
+
+    def attend(q, k_buf, v_buf, kv_lengths, positions, tree_mask):
+        return decode_attention(q, k_buf, v_buf, kv_lengths, q_positions=positions, tail_mask=tree_mask,
+                                window=c.window(index), scale=1.0, impl=impl)
+
+    args = (q, k_buf, v_buf, kv_lengths, positions, tree_mask)
+    attn = per_head(attend, *args, parallel=parallel)
     out = linear(attn.reshape(batch, num_rows, q_size), layer.o, impl=impl, parallel=parallel, split="row",
                  split_parts=split_parts)
     return out, k_buf, v_buf

@@ -16,8 +16,7 @@ import jax.numpy as jnp
 
 from jspec.kv import KVCache
 from jspec.parallel import TensorParallel, per_head
-from jspec.layers import (add_parts, add_rms_norm, fuses_around_kernels, linear, rms_norm, rope_and_write,
-                          rope_write_attend, silu_mlp)
+from jspec.layers import add_parts, add_rms_norm, fuses_around_kernels, linear, rms_norm, rope_and_write, silu_mlp
 from jspec.models.base import (NO_CAPTURE, Capture, as_is, lm_head, random_matrix, random_norm_weight,
                                token_positions)
 from jspec.models.llama.config import LlamaConfig
@@ -90,27 +89,22 @@ def attention(
     batch, num_rows, _ = h.shape
     if keep_rows is not None and tree_mask is not None:
         raise ValueError("keep_rows and tree_mask together are not supported")
-    # Where kernels fuse, the attention kernel sums the projection's split-K partials as it loads them.
-    partials = keep_rows is None and layer.qkv_bias is None and fuses_around_kernels(impl, parallel)
-    qkv = linear(h, layer.qkv, layer.qkv_bias, impl=impl, parallel=parallel, split="column", split_parts=partials)
-    norms = dict(q_norm=layer.q_norm, k_norm=layer.k_norm, eps=c.rms_norm_eps)
-    if keep_rows is None:
-        attn, k_buf, v_buf = rope_write_attend(qkv, qkv_parts(c), cos, sin, k_buf, v_buf, lengths + num_rows, positions,
-                                               head_dim=c.head_dim, tail_mask=tree_mask, impl=impl, parallel=parallel,
-                                               **norms)
-        num_q = num_rows
-    else:
-        q, k_buf, v_buf = rope_and_write(qkv, qkv_parts(c), cos, sin, k_buf, v_buf, lengths, head_dim=c.head_dim,
-                                         impl=impl, parallel=parallel, **norms)
+    qkv = linear(h, layer.qkv, layer.qkv_bias, impl=impl, parallel=parallel, split="column")
+    q, k_buf, v_buf = rope_and_write(qkv, qkv_parts(c), cos, sin, k_buf, v_buf, lengths, head_dim=c.head_dim,
+                                     q_norm=layer.q_norm, k_norm=layer.k_norm, eps=c.rms_norm_eps, impl=impl,
+                                     parallel=parallel)
+    if keep_rows is not None:
         q = gather_rows(q.reshape(batch, num_rows, c.q_size), keep_rows, impl=impl)
         q = q.reshape(batch, 1, c.num_heads, c.head_dim)
         positions = jnp.take_along_axis(positions, keep_rows[:, None], axis=1)
         num_q = 1
+    else:
+        num_q = num_rows
+    def attend(q, k_buf, v_buf, kv_lengths, positions, tree_mask):
+        return decode_attention(q, k_buf, v_buf, kv_lengths, q_positions=positions, tail_mask=tree_mask, impl=impl)
 
-        def attend(q, k_buf, v_buf, kv_lengths, positions):
-            return decode_attention(q, k_buf, v_buf, kv_lengths, q_positions=positions, impl=impl)
-
-        attn = per_head(attend, q, k_buf, v_buf, lengths + num_rows, positions, parallel=parallel)
+    args = (q, k_buf, v_buf, lengths + num_rows, positions, tree_mask)
+    attn = per_head(attend, *args, parallel=parallel)
     out = linear(attn.reshape(batch, num_q, c.q_size), layer.o, impl=impl, parallel=parallel, split="row",
                  split_parts=split_parts)
     return out, k_buf, v_buf
