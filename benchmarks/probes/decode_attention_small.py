@@ -5,6 +5,11 @@ cuDNN beside them, interleaved in one trace (bf16, batch 1,
 GPU time of one call's kernels after an L2 flush). H100::
 
     PYTHONPATH=. python benchmarks/probes/decode_attention_small.py   # writes $OUT/decode_attention_small.json
+
+``LOOP_CACHE=1`` times the decode loop's own shape instead (a 640-row cache, 544 rows valid: the
+middle of a 64-step loop from 512; one query row) with fewer, longer programs: one per KV head
+(``k_splits=1``) reading 64-256-row blocks, or 2-4 splits merged in the kernel, none of which needs
+the combine launch (writes ``$OUT/decode_attention_loop_cache.json``).
 """
 
 from __future__ import annotations
@@ -37,7 +42,46 @@ def tiling_before(num_q, hq, hkv, context, head_dim):
         decode_tiling._ONE_WAVE_PROGRAMS = saved
 
 
+# (name, knobs) of the LOOP_CACHE variants; a tiling that fails to launch is recorded as such.
+LOOP_VARIANTS = [("default", {}), ("default2", {})]
+LOOP_VARIANTS += [(f"k1_b{bk}_s{st}_w{w}", dict(k_splits=1, block_k=bk, num_stages=st, num_warps=w))
+                  for bk in (64, 128, 256) for st in (2, 3) for w in (4, 8)]
+LOOP_VARIANTS += [(f"k{ks}_b{bk}_merged", dict(k_splits=ks, block_k=bk, merge_in_kernel=True))
+                  for ks in (2, 4) for bk in (64, 128)]
+
+
+def loop_cache():
+    result = {}
+    for name in HEADS:
+        for length in (544,):
+            hq, hkv, head_dim = HEADS[name]
+            q, k, v, lengths, positions = decode_attention_inputs(1, 1, hq, hkv, 640, head_dim, [length], seed=0,
+                                                                  dtype=jnp.bfloat16)
+            want = decode_attention_reference(q, k, v, lengths, q_positions=positions).astype(jnp.float32)
+            calls, cell = {}, {"errors": {}}
+            for variant, knobs in LOOP_VARIANTS:
+                call = jax.jit(lambda q, k, v, n, p, knobs=knobs: decode_attention_pallas(q, k, v, n, q_positions=p,
+                                                                                          **knobs))
+                try:
+                    got = call(q, k, v, lengths, positions).astype(jnp.float32)
+                except Exception as e:  # noqa: BLE001 (a tiling that does not launch is a result)
+                    cell["errors"][variant] = f"{type(e).__name__}: {str(e)[:200]}"
+                    continue
+                cell["errors"][variant] = float(jnp.max(jnp.abs(got - want)))
+                calls[variant] = functools.partial(call, q, k, v, lengths, positions)
+            times = interleaved_gpu_times(calls, repeats=9)
+            cell.update({n: round(statistics.median(t) * 1e6, 2) for n, t in times.items()})
+            cell["default_tiling"] = {k: v for k, v in decode_tiling.tiling(1, 1, hq, hkv, 640, head_dim).items()
+                                      if k in KNOBS}
+            result[f"{name} q1 x 640 ({length} valid)"] = cell
+            print(name, length, {n: cell[n] for n in times}, flush=True)
+    with open(os.path.join(os.environ.get("OUT", "/tmp"), "decode_attention_loop_cache.json"), "w") as f:
+        json.dump(result, f, indent=1)
+
+
 def main():
+    if os.environ.get("LOOP_CACHE"):
+        return loop_cache()
     result = {}
     for name, context, num_q in CELLS:
         hq, hkv, head_dim = HEADS[name]
