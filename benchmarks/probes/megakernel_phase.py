@@ -10,7 +10,9 @@ every program has stored its part of ``x_i``, loads the row by TMA (rows padded 
 chunks), multiplies it on the tensor cores (WGMMA, an M tile of 64 rows), stores its 64 outputs by
 TMA and signals. W is a permutation, so every phase's row is exact in bf16 and the chain is checked
 against XLA's. GPU time at 1, 17, 33 and 65 phases gives a phase's cost as the slope; ``sync=False``
-(one program 128 wide, no semaphores) is the product alone. Without a GPU the probe lowers both for CUDA.
+(one program 128 wide, no semaphores) is the product alone. Each form runs in a process of its own
+(a wait never satisfied would hang the GPU: the synchronized form did not finish in its first run, on
+an H200, undiagnosed). Without a GPU the probe lowers both for CUDA.
 H200 / H100::
 
     PYTHONPATH=. python benchmarks/probes/megakernel_phase.py   # writes $OUT/megakernel_phase.json
@@ -22,6 +24,8 @@ import functools
 import json
 import os
 import statistics
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -139,34 +143,50 @@ def lower_for_cuda():
             print(f"sync={sync} hidden={hidden} phases={phases}: lowered for CUDA")
 
 
+CELLS = {"product": (False, 2 * BLOCK), "phase": (True, HIDDEN)}
+
+
+def cell(sync: bool, hidden: int) -> dict:
+    """One form's checks and timings."""
+    x0, w = inputs(hidden)
+    calls, found = {}, {}
+    for phases in PHASES:
+        name = f"{phases} phases"
+        try:
+            call = jax.jit(functools.partial(phase_chain, phases=phases, sync=sync))
+            got = call(x0, w)
+            found[f"{name} exact"] = bool(jnp.array_equal(got, reference(x0, w, phases)))
+        except Exception as e:  # noqa: BLE001 (an API this jax lacks is a result)
+            found[name] = f"{type(e).__name__}: {str(e)[:300]}"
+            continue
+        calls[name] = functools.partial(call, x0, w)
+    if calls:
+        times = interleaved_gpu_times(calls, repeats=9)
+        us = {n: statistics.median(t) * 1e6 for n, t in times.items()}
+        found.update({f"{n} us": round(v, 2) for n, v in us.items()})
+        xs = [int(n.split()[0]) for n in us]
+        if len(xs) > 1:
+            found["us_per_phase"] = round(float(np.polyfit(xs, list(us.values()), 1)[0]), 3)
+    return found
+
+
 def main():
     if jax.default_backend() != "gpu":
         return lower_for_cuda()
+    if "PROBE_CELL" in os.environ:  # a child: one form, its result on stdout
+        print(json.dumps(cell(*CELLS[os.environ["PROBE_CELL"]])))
+        return
     result = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "cells": {}}
-    # one program at 128 wide (two tiles of its own, no semaphores): the product alone; then the phase
-    for sync, hidden in ((False, 2 * BLOCK), (True, HIDDEN)):
-        x0, w = inputs(hidden)
-        calls, found = {}, {}
-        for phases in PHASES:
-            name = f"{phases} phases"
-            try:
-                call = jax.jit(functools.partial(phase_chain, phases=phases, sync=sync))
-                got = call(x0, w)
-                found[f"{name} exact"] = bool(jnp.array_equal(got, reference(x0, w, phases)))
-            except Exception as e:  # noqa: BLE001 (an API this jax lacks is a result)
-                found[name] = f"{type(e).__name__}: {str(e)[:300]}"
-                continue
-            calls[name] = functools.partial(call, x0, w)
-        if calls:
-            times = interleaved_gpu_times(calls, repeats=9)
-            us = {n: statistics.median(t) * 1e6 for n, t in times.items()}
-            found.update({f"{n} us": round(v, 2) for n, v in us.items()})
-            xs = [int(n.split()[0]) for n in us]
-            if len(xs) > 1:
-                found["us_per_phase"] = round(float(np.polyfit(xs, list(us.values()), 1)[0]), 3)
-        key = f"{hidden // BLOCK} programs, {hidden} wide, synchronized" if sync else f"one program, {hidden} wide"
-        result["cells"][key] = found
-        print(key, found, flush=True)
+    for key in CELLS:
+        # each form in a process of its own: a wait that is never satisfied hangs the GPU
+        try:
+            run = subprocess.run([sys.executable, __file__], env={**os.environ, "PROBE_CELL": key},
+                                 capture_output=True, text=True, timeout=150)
+            got = json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else run.stderr[-500:]
+        except subprocess.TimeoutExpired:
+            got = "timed out after 150 s"
+        result["cells"][key] = got
+        print(key, got, flush=True)
     with open(os.path.join(os.environ.get("OUT", "/tmp"), "megakernel_phase.json"), "w") as f:
         json.dump(result, f, indent=1)
 
