@@ -9,7 +9,7 @@ once, as a megakernel would have streamed them in while it waited), and in each 
 every program has stored its part of ``x_i``, loads the row by TMA (rows padded to 8, nine 64-wide
 chunks), multiplies it on the tensor cores (WGMMA, an M tile of 64 rows), stores its 64 outputs by
 TMA and signals. W is a permutation, so every phase's row is exact in bf16 and the chain is checked
-against XLA's. GPU time at 1, 17, 33 and 65 phases gives a phase's cost as the slope; ``sync=False``
+against XLA's. GPU time at 1, 17, 33 and 65 phases gives a phase's cost as the slope (``us_per_link``); ``sync=False``
 (one program 128 wide, no semaphores) is the product alone. Each form runs in a process of its own
 (a wait never satisfied would hang the GPU: the synchronized form did not finish in its first run, on
 an H200, undiagnosed). Without a GPU the probe lowers both for CUDA.
@@ -21,11 +21,6 @@ H200 / H100::
 from __future__ import annotations
 
 import functools
-import json
-import os
-import statistics
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jspec.bench.timing import interleaved_gpu_times
+from persistent_chains import per_link_us, probe_main
 
 HIDDEN = 576  # SmolLM2-135M
 BLOCK = 64  # a program's output columns, and the K chunk of a swizzled tile (128 bytes of bf16)
@@ -161,34 +156,13 @@ def cell(sync: bool, hidden: int) -> dict:
             continue
         calls[name] = functools.partial(call, x0, w)
     if calls:
-        times = interleaved_gpu_times(calls, repeats=9)
-        us = {n: statistics.median(t) * 1e6 for n, t in times.items()}
-        found.update({f"{n} us": round(v, 2) for n, v in us.items()})
-        xs = [int(n.split()[0]) for n in us]
-        if len(xs) > 1:
-            found["us_per_phase"] = round(float(np.polyfit(xs, list(us.values()), 1)[0]), 3)
+        found.update(per_link_us(calls))
     return found
 
 
 def main():
-    if jax.default_backend() != "gpu":
-        return lower_for_cuda()
-    if "PROBE_CELL" in os.environ:  # a child: one form, its result on stdout
-        print(json.dumps(cell(*CELLS[os.environ["PROBE_CELL"]])))
-        return
-    result = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "cells": {}}
-    for key in CELLS:
-        # each form in a process of its own: a wait that is never satisfied hangs the GPU
-        try:
-            run = subprocess.run([sys.executable, __file__], env={**os.environ, "PROBE_CELL": key},
-                                 capture_output=True, text=True, timeout=150)
-            got = json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else run.stderr[-500:]
-        except subprocess.TimeoutExpired:
-            got = "timed out after 150 s"
-        result["cells"][key] = got
-        print(key, got, flush=True)
-    with open(os.path.join(os.environ.get("OUT", "/tmp"), "megakernel_phase.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    probe_main(__file__, CELLS, lambda key: cell(*CELLS[key]), lower_for_cuda=lower_for_cuda,
+               out_name="megakernel_phase.json", timeout_s=150)
 
 
 if __name__ == "__main__":

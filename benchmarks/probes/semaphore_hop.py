@@ -8,10 +8,11 @@ Triton probe (``grid_barrier.py``) measured a grid barrier at 1.4-2.2 us on the 
 the same hop with Mosaic GPU's own means: each of ``programs`` programs, in each of ``phases``
 phases, writes a 128-float slice (a TMA store from shared memory), signals the phase's GMEM
 semaphore (GPU scope; a global one, reset to zero at the end), waits until all programs have
-signalled it (no decrement: every program waits on the same count), loads its neighbour's slice by TMA and adds one to it for the next phase.
-Every slice of row ``i`` must then hold ``i + 1`` (checked). GPU time at 1, 17, 33 and 65 phases
-gives a hop's cost as the slope. Each grid size runs in a process of its own (a wait never
-satisfied would hang the GPU). H200 / H100::
+signalled it (no decrement: every program waits on the same count), loads its neighbour's slice by
+TMA and adds one to it for the next phase. Every slice of row ``i`` must then hold ``i + 1``
+(checked). GPU time at 1, 17, 33 and 65 phases gives a hop's cost as the slope (``us_per_link``;
+``us_per_hop`` in the H200 file of 2026-11-28). Each grid size runs in a process of its own (a wait
+never satisfied would hang the GPU). Without a GPU the probe lowers the kernel for CUDA. H200 / H100::
 
     PYTHONPATH=. python benchmarks/probes/semaphore_hop.py   # writes $OUT/semaphore_hop.json
 """
@@ -19,11 +20,6 @@ satisfied would hang the GPU). H200 / H100::
 from __future__ import annotations
 
 import functools
-import json
-import os
-import statistics
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -32,14 +28,14 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jspec.bench.timing import interleaved_gpu_times
+from persistent_chains import per_link_us, probe_main
 
 SLICE = 128  # floats a program writes per phase
-PROGRAMS = (1, 8, 66, 132) if jax.default_backend() == "gpu" else (1, 4)
+PROGRAMS = (1, 8, 66, 132)
 PHASES = (1, 17, 33, 65)
 
 
-def hop_chain(programs: int, phases: int, *, interpret: bool = False):
+def hop_chain(programs: int, phases: int):
     """``[phases, programs * SLICE]`` fp32: row ``i`` as the programs wrote it in phase ``i``."""
 
     def hops(vec_ref, out_smem, in_smem, loaded, sems):
@@ -80,18 +76,16 @@ def hop_chain(programs: int, phases: int, *, interpret: bool = False):
         grid_names=("p",),
         scratch_types=(plgpu.SMEM((SLICE,), jnp.float32), plgpu.SMEM((SLICE,), jnp.float32),
                        plgpu.Barrier(num_barriers=1)),
-        interpret=plgpu.InterpretGPUParams() if interpret else None,
     )()
 
 
 def cell(programs: int) -> dict:
-    """One grid size's timings and checks."""
-    interpret = jax.default_backend() != "gpu"
+    """One grid size's checks and timings."""
     calls, found = {}, {}
-    for phases in PHASES if not interpret else (1, 3):
+    for phases in PHASES:
         name = f"{phases} phases"
         try:
-            call = jax.jit(functools.partial(hop_chain, programs, phases, interpret=interpret))
+            call = jax.jit(functools.partial(hop_chain, programs, phases))
             got = np.asarray(call())
         except Exception as e:  # noqa: BLE001 (an API this jax lacks is a result)
             found[name] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -99,33 +93,21 @@ def cell(programs: int) -> dict:
         want = np.arange(1, phases + 1, dtype=np.float32)[:, None]
         found[f"{name} exact"] = bool((got == want).all())
         calls[name] = call
-    if calls and not interpret:
-        times = interleaved_gpu_times(calls, repeats=9)
-        us = {n: statistics.median(t) * 1e6 for n, t in times.items()}
-        found.update({f"{n} us": round(v, 2) for n, v in us.items()})
-        xs = [int(n.split()[0]) for n in us]
-        if len(xs) > 1:
-            found["us_per_hop"] = round(float(np.polyfit(xs, list(us.values()), 1)[0]), 3)
+    if calls:
+        found.update(per_link_us(calls))
     return found
 
 
+def lower_for_cuda():
+    """On a machine without a GPU: the kernel lowered for CUDA (the interpreter runs no global semaphores)."""
+    for programs, phases in ((1, 1), (132, 65)):
+        jax.jit(functools.partial(hop_chain, programs, phases)).trace().lower(lowering_platforms=("cuda",))
+        print(f"programs={programs} phases={phases}: lowered for CUDA")
+
+
 def main():
-    if "PROBE_CELL" in os.environ:  # a child: one grid size, its result on stdout
-        print(json.dumps(cell(int(os.environ["PROBE_CELL"]))))
-        return
-    result = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "cells": {}}
-    for programs in PROGRAMS:
-        # each grid size in a process of its own: a wait that is never satisfied hangs the GPU
-        try:
-            run = subprocess.run([sys.executable, __file__], env={**os.environ, "PROBE_CELL": str(programs)},
-                                 capture_output=True, text=True, timeout=90)
-            got = json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else run.stderr[-500:]
-        except subprocess.TimeoutExpired:
-            got = "timed out after 90 s (a hang)"
-        result["cells"][f"{programs} programs"] = got
-        print(programs, got, flush=True)
-    with open(os.path.join(os.environ.get("OUT", "/tmp"), "semaphore_hop.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    probe_main(__file__, PROGRAMS, lambda key: cell(int(key)), lower_for_cuda=lower_for_cuda,
+               out_name="semaphore_hop.json", timeout_s=90)
 
 
 if __name__ == "__main__":
