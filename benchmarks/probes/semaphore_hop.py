@@ -3,7 +3,7 @@
 A megakernel that runs a decode step in one launch replaces every kernel boundary by a hop: the
 programs that made a phase's output store their slices and signal a counter, the programs of the
 next phase wait for the count and load what they need. At batch 1 a small model's phase moves so
-few bytes that the hops are what its step costs (SmolLM2-135M: ~5 a layer, ~150 a step). The
+few bytes that the hops are what its step costs (SmolLM2-135M: 5 a layer, 153 a step). The
 Triton probe (``grid_barrier.py``) measured a grid barrier at 1.4-2.2 us on the H100; this one times
 the same hop with Mosaic GPU's own means: each of ``programs`` programs, in each of ``phases``
 phases, writes a 128-float slice (a TMA store from shared memory), signals the phase's GMEM
