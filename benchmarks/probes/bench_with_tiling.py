@@ -18,7 +18,6 @@ import sys
 from pallas_kernels import decode_tiling
 
 
-
 def _one_wave_given():
     rule, knobs = decode_tiling._default_config, json.loads(os.environ["ONE_WAVE_TILING"])
 

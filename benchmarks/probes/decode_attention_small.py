@@ -50,31 +50,37 @@ LOOP_VARIANTS += [(f"k{ks}_b{bk}_merged", dict(k_splits=ks, block_k=bk, merge_in
                   for ks in (2, 4) for bk in (64, 128)]
 
 
+LOOP_LENGTH = 544  # the middle of a 64-step loop from 512, in its 640-row cache
+
+
+def pallas_call(inputs, **knobs):
+    """A jitted flash-decoding call with these knobs, bound to ``inputs`` (q, k, v, lengths, positions)."""
+    call = jax.jit(lambda q, k, v, n, p: decode_attention_pallas(q, k, v, n, q_positions=p, **knobs))
+    return functools.partial(call, *inputs)
+
+
 def loop_cache():
     result = {}
-    for name in HEADS:
-        for length in (544,):
-            hq, hkv, head_dim = HEADS[name]
-            q, k, v, lengths, positions = decode_attention_inputs(1, 1, hq, hkv, 640, head_dim, [length], seed=0,
-                                                                  dtype=jnp.bfloat16)
-            want = decode_attention_reference(q, k, v, lengths, q_positions=positions).astype(jnp.float32)
-            calls, cell = {}, {"errors": {}}
-            for variant, knobs in LOOP_VARIANTS:
-                call = jax.jit(lambda q, k, v, n, p, knobs=knobs: decode_attention_pallas(q, k, v, n, q_positions=p,
-                                                                                          **knobs))
-                try:
-                    got = call(q, k, v, lengths, positions).astype(jnp.float32)
-                except Exception as e:  # noqa: BLE001 (a tiling that does not launch is a result)
-                    cell["errors"][variant] = f"{type(e).__name__}: {str(e)[:200]}"
-                    continue
-                cell["errors"][variant] = float(jnp.max(jnp.abs(got - want)))
-                calls[variant] = functools.partial(call, q, k, v, lengths, positions)
-            times = interleaved_gpu_times(calls, repeats=9)
-            cell.update({n: round(statistics.median(t) * 1e6, 2) for n, t in times.items()})
-            cell["default_tiling"] = {k: v for k, v in decode_tiling.tiling(1, 1, hq, hkv, 640, head_dim).items()
-                                      if k in KNOBS}
-            result[f"{name} q1 x 640 ({length} valid)"] = cell
-            print(name, length, {n: cell[n] for n in times}, flush=True)
+    for name, (hq, hkv, head_dim) in HEADS.items():
+        inputs = decode_attention_inputs(1, 1, hq, hkv, 640, head_dim, [LOOP_LENGTH], seed=0, dtype=jnp.bfloat16)
+        q, k, v, lengths, positions = inputs
+        want = decode_attention_reference(q, k, v, lengths, q_positions=positions).astype(jnp.float32)
+        calls, cell = {}, {"errors": {}}  # per variant: max abs error, or why it did not launch
+        for variant, knobs in LOOP_VARIANTS:
+            call = pallas_call(inputs, **knobs)
+            try:
+                got = call().astype(jnp.float32)
+            except Exception as e:  # noqa: BLE001 (a tiling that does not launch is a result)
+                cell["errors"][variant] = f"{type(e).__name__}: {str(e)[:200]}"
+                continue
+            cell["errors"][variant] = float(jnp.max(jnp.abs(got - want)))
+            calls[variant] = call
+        times = interleaved_gpu_times(calls, repeats=9)
+        cell.update({n: round(statistics.median(t) * 1e6, 2) for n, t in times.items()})
+        cell["default_tiling"] = {k: v for k, v in decode_tiling.tiling(1, 1, hq, hkv, 640, head_dim).items()
+                                  if k in KNOBS}
+        result[f"{name} q1 x 640 ({LOOP_LENGTH} valid)"] = cell
+        print(name, {n: cell[n] for n in times}, flush=True)
     with open(os.path.join(os.environ.get("OUT", "/tmp"), "decode_attention_loop_cache.json"), "w") as f:
         json.dump(result, f, indent=1)
 
@@ -85,12 +91,9 @@ def main():
     result = {}
     for name, context, num_q in CELLS:
         hq, hkv, head_dim = HEADS[name]
-        q, k, v, lengths, positions = decode_attention_inputs(1, num_q, hq, hkv, context, head_dim, [context],
-                                                              seed=0, dtype=jnp.bfloat16)
-
-        def pallas(**kw):
-            call = jax.jit(lambda q, k, v, n, p: decode_attention_pallas(q, k, v, n, q_positions=p, **kw))
-            return functools.partial(call, q, k, v, lengths, positions)
+        inputs = decode_attention_inputs(1, num_q, hq, hkv, context, head_dim, [context], seed=0, dtype=jnp.bfloat16)
+        q, k, v, lengths, positions = inputs
+        pallas = functools.partial(pallas_call, inputs)
 
         before = tiling_before(num_q, hq, hkv, context, head_dim)
         cudnn = jax.jit(lambda q, k, v, n: jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=n,
