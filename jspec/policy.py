@@ -9,8 +9,8 @@ dearer (the target stops being bandwidth-bound), so the choice falls to small k,
 
 A static batch runs until its slowest sequence has its tokens: with ``new_tokens`` given, the
 speed-up is divided by :func:`straggler_factor`, the expected rounds of the slowest of ``batch``
-sequences over the mean (measured: at batch 64, alpha 0.8, k = 4 a 1.37x round-cost prediction
-became 0.92x end to end, ``benchmarks/spec_batch_h200_b16-64.json``). Continuous batching,
+sequences over the mean (without it, a large batch's predicted speed-up can turn into a slowdown
+end to end; figures: ``benchmarks/README.md``, batch sweep and the k policy). Continuous batching,
 which refills finished slots, pays no such penalty: leave ``new_tokens`` out there.
 
 Costs are measured at a few batch sizes; :func:`choose_for_batch` serves any batch size by

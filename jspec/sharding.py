@@ -20,10 +20,9 @@ Pallas kernels are custom calls XLA cannot partition), the row-split ones all-re
 partial products. The fused projections (``q | k | v``, ``gate | up``) are stored device-major
 (``jspec.parallel``): each device's column block holds its own heads' q, k and v (its share of
 gate and up), so the only collectives of a forward are the two all-reduces per layer (and the
-embedding's). With the columns in their plain order, XLA moved them between devices after every
-fused matmul: 22 collective-permutes in a 2-layer forward on 4 devices, and on 2 H100s each
-device's half of a Llama-3.1-8B forward took longer than the whole forward on one. ``jspec.save``
-writes a placed model in the plain order.
+embedding's). With the columns in their plain order, XLA would move them between devices after
+every fused matmul (collective-permutes costing more than the split saves). ``jspec.save`` writes a
+placed model in the plain order.
 """
 
 from __future__ import annotations
@@ -72,8 +71,8 @@ def init_sharded(config, key, dtype, mesh: Mesh, *, axis: str = TP_AXIS, **init_
     Each piece (an embedding table, a layer, a norm) is made by a jitted program of its own with
     placed outputs, largest tables first, then each layer's fused weights are put in device-major
     order by a program per layer (donating the plain order). No program holds more than one piece's
-    scratch: one program for the whole of a 70B-shaped model needed 78 GiB on each of two 80 GB H100s,
-    which XLA's rematerialisation could not bring under its 74.75 GiB limit."""
+    scratch: one program for the whole of a 70B-shaped model needs more than each of two 80 GB GPUs
+    holds, and XLA's rematerialisation cannot bring it under the limit."""
     parallel = TensorParallel(mesh, axis)
 
     def placed(fn, *, name=None, static_argnums=()):

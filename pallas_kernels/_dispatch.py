@@ -6,7 +6,7 @@ Every kernel module exposes one public dispatcher taking ``impl``:
 * ``"pallas"`` -- the Pallas kernel; on a machine without a GPU it runs with
   ``interpret=True`` so that CPU tests exercise the kernel body;
 * ``"auto"``   -- the kernel on a GPU for the shapes where a recorded benchmark
-  (``benchmarks/``) shows it faster, the reference everywhere else;
+  (``benchmarks/README.md``) shows it faster, the reference everywhere else;
 * ``"invariant"`` -- row-invariant results: each row's output bitwise independent of the other
   rows and sequences computed with it (kernels with a pinned reduction order, for any number of
   rows; exact operations such as gathers take the reference). Like ``"pallas"``, interpreted on a

@@ -17,11 +17,10 @@ Shapes:
 
 Between a decoder layer's output projection and its MLP, XLA runs the split sum + residual add +
 sum of squares as one reduction fusion and the scaling as another launch; at decode the fusion
-reads every split of the row in one block (Llama-3.2-1B: 4.2 us for 16 x 2048 fp32 + 1.4 us of
-scaling a layer, ``benchmarks/decode_h100_shipped_small.json``). The Pallas kernel (Triton
-backend) runs one program per row: it loads every split of a column chunk in one gather (all in
-flight together), adds them in one fixed order, then the residual, then norms the row as
-:func:`pallas_kernels.gather_rows.rms_norm` does, in one launch.
+reads every split of the row in one block. The Pallas kernel (Triton backend) runs one program per
+row: it loads every split of a column chunk in one gather (all in flight together), adds them in
+one fixed order, then the residual, then norms the row as :func:`pallas_kernels.gather_rows.rms_norm`
+does, in one launch.
 """
 
 from __future__ import annotations
@@ -41,7 +40,8 @@ from pallas_kernels.split_kv import _next_pow2
 
 # fp32 elements of the partials one gather loads: a whole row of Llama-3.2-1B's 16 x 2048 output
 # partials, 64 a thread at 16 warps. At decode one program reads its row alone, so the bytes it has
-# in flight set its speed (8192: 9.5 us for that row, 32768: 4.1; benchmarks/add_rms_norm_kernel_h100.json).
+# in flight set its speed (smaller gathers run that row markedly slower; figures: benchmarks/README.md,
+# add + RMSNorm).
 _TILE = 32768
 
 
@@ -131,9 +131,8 @@ def _kernel(x_ref, parts_ref, *refs, rows, hidden, chunk, splits, eps, norm, has
 def _num_warps(gather: int, post_norm: bool) -> int:
     """Warps for a gather of ``gather`` fp32 elements: 4 up to 1024 (SmolLM2's one-part row), 8 up
     to 8192, else 16 (16 beat 8 and 32 on the 16- and 32k-element rows of 1B and 8B); twice that
-    with Gemma 4's post-norm, whose second reduction over the row gains from the threads (H100, one
-    row: E4B's 8 x 2560 output partials 4.06 vs 4.67 us at 32 warps, its PLE branch end 2.6 vs 3.8 at 16,
-    ``add_rms_norm_kernel_warps_h100.json``)."""
+    with Gemma 4's post-norm, whose second reduction over the row gains from the threads (figures:
+    ``benchmarks/README.md``, add + RMSNorm)."""
     warps = 4 if gather <= 1024 else 8 if gather <= 8192 else 16
     return 2 * warps if post_norm else warps
 
@@ -181,11 +180,10 @@ def add_rms_norm_pallas(x, parts, weight, eps, *, y_weight=None, norm=None, scal
 
 def use_pallas(rows: int, splits: int, hidden: int) -> bool:
     """The ``impl="auto"`` rule on a GPU: decode and verify rows (up to 64) whose partials fit one
-    gather: splits x hidden <= 32768 at one row, <= 16384 at more. GPU time of one call against
-    XLA's composition (H100, one trace, ``benchmarks/add_rms_norm_kernel_h100.json``): SmolLM2's
-    rows 1.9-2.0 vs 3.3-3.9 us, Llama-3.2-1B's down 2.9 vs 7.4, Llama-3.1-8B's down 3.1 vs 4.3,
-    E4B's (Gemma 4 form) 4.7 vs 6.8 and, the add alone, 4.1 vs 4.4; 1B's 16 x 2048 output partials
-    a tie at one row (4.1 vs 4.2) and slower at five (4.2 vs 3.6), hence the tighter bound there."""
+    gather: splits x hidden <= 32768 at one row, <= 16384 at more. In GPU time of one call the kernel
+    beats XLA's composition at every decoder shape measured (Llama and Gemma 4 forms, the add alone
+    too); 1B's 16 x 2048 output partials tie at one row and lose at five, hence the tighter bound
+    there (figures: ``benchmarks/README.md``, add + RMSNorm)."""
     return rows <= 64 and splits * hidden <= (32768 if rows == 1 else 16384)
 
 

@@ -115,9 +115,8 @@ def decode_attention_reference(q, k, v, kv_lengths, *, q_positions, tail_mask=No
 
 
 def use_pallas(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype) -> bool:
-    """The ``impl="auto"`` rule on a GPU (``benchmarks/decode_attention.json``,
-    ``decode_attention_h100_inflight.json``, ``draft_attention_gemma4_h100.json``,
-    ``decode_h100_attention_rule_*.json``).
+    """The ``impl="auto"`` rule on a GPU (figures: ``benchmarks/README.md``, decode attention and
+    draft attention at Gemma 4 shapes).
 
     The kernel for 16-bit caches (the only ones timed; fp32 goes to the reference) with head_dim
     <= 512, at any number of query rows and any cache size, except head_dim 512 with more than 4 M
@@ -128,14 +127,10 @@ def use_pallas(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype
 
     Tiny caches take the kernel too at head_dim <= 128: timed alone, one call of the reference can
     win there, but inside the model the kernel's one launch per layer beats the reference's several
-    (H100, batch 1, contexts 128-2048, SmolLM2-135M / Llama-3.2-1B / Llama-3.1-8B shapes: GPU time
-    of a decode step and of a 5-row verify forward lower or tied at every shape, the on-device
-    decode loop up to 10% faster in 8 of 9 cells, an EAGLE-3 round of SmolLM2 2.25 against 3.34
-    ms). Gemma 4's wider heads (256 / 512) at the same tiny caches (``draft_attention_gemma4_small_cache_h100.json``:
-    E4B and 31B, full and sliding layers, batch 1 / 8, contexts 640-2048, 1 / 5 query rows): the kernel
-    path faster in every cell (1.1-4.3x) but two ties (E4B full, batch 1, one row, 640 / 1024 rows:
-    12.1 vs 11.9 and 14.1 vs 13.9 us), so they take it too: E4B's decode loop 5.114 against 5.232
-    ms/token (``decode_h100_e4b_small_cache_layer_end.json``).
+    (GPU time of a decode step and of a verify forward lower or tied at every Llama shape measured,
+    the on-device decode loop faster at most). Gemma 4's wider heads (256 / 512) at the same tiny
+    caches take it too: the kernel path is faster or tied in every cell measured (full and sliding
+    layers, one and several query rows), and so is the decode loop.
     """
     if jnp.dtype(dtype).itemsize != 2 or head_dim > 512:
         return False
@@ -144,26 +139,24 @@ def use_pallas(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype
 
 def use_wide_kernel(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, *, tail_mask=None,
                     window=None) -> bool:
-    """Where the Pallas path on a GPU takes the Mosaic GPU wide-head kernel
-    (``benchmarks/draft_attention_gemma4_full_h100.json``, variant ``wide``): head_dim 512 (Gemma 4's
-    full layers), no window or tail mask, and
+    """Where the Pallas path on a GPU takes the Mosaic GPU wide-head kernel (figures:
+    ``benchmarks/README.md``, draft attention at Gemma 4 shapes): head_dim 512 (Gemma 4's full
+    layers), no window or tail mask, and
 
     * more than 32 rows (Gemma 4 31B verifying 4 drafts: 40; E4B 8 drafts: 36), where the Triton
-      kernel's three or more 16-row slices re-reading each K/V tile stream 0.55-0.69 of copy
-      bandwidth and this kernel 0.8-0.87 from ~1 GB read; or
+      kernel's three or more 16-row slices re-reading each K/V tile reach a clearly smaller
+      fraction of copy bandwidth than this kernel from ~1 GB read; or
     * 17..32 rows with 64 or more (sequence, KV head) pairs (E4B verifying 4 drafts at batch 32).
 
     Past 64 rows (31B verifying 8 drafts: 72) it runs 64-row M tiles, one program per tile, the
-    tiles of a KV head one cluster so their K/V reads share L2: 2-2.4x the reference at batch
-    1 / 8 / 32 x 4k-128k on the H100, where the Triton kernel was slower than the reference
-    (``benchmarks/draft_attention_gemma4_cluster_merge_h100.json``). Under ``auto`` these rows
-    come here through the dispatcher, since :func:`use_pallas` leaves them to the reference.
+    tiles of a KV head one cluster so their K/V reads share L2: well ahead of the reference, where
+    the Triton kernel is slower than the reference. Under ``auto`` these rows come here through the
+    dispatcher, since :func:`use_pallas` leaves them to the reference.
 
     All of it only from 8k (sequence x KV head x cache row) triples up: below, the Triton kernel's
-    lighter start wins by a few microseconds; at 8k (E4B verifying 8 drafts at batch 1 x 4k) this
-    kernel takes 19.6-20.1 us against Triton's 24.9 (``draft_attention_gemma4_share_scores_h100.json``).
-    With at most 16 rows the Triton kernel is faster; up to 40, :func:`use_swapped_kernel`'s kernel
-    comes first."""
+    lighter start wins by a few microseconds; from 8k (E4B verifying 8 drafts at batch 1 x 4k) this
+    kernel is ahead. With at most 16 rows the Triton kernel is faster; up to 40,
+    :func:`use_swapped_kernel`'s kernel comes first."""
     rows = num_q * (num_q_heads // num_kv_heads)
     busy = rows > 32 or (rows > 16 and batch * num_kv_heads >= 64)
     return (head_dim == 512 and busy and batch * num_kv_heads * max_len >= 8192 and tail_mask is None
@@ -175,14 +168,10 @@ def use_swapped_kernel(batch, num_q, num_q_heads, num_kv_heads, max_len, head_di
     """Where the Pallas path on a GPU takes the Mosaic GPU kernel with the query rows on WGMMA's N
     axis (:mod:`pallas_kernels.wide_head_swapped`): head_dim 512 (Gemma 4's full layers), no window
     or tail mask, from 8k (sequence x KV head x cache row) triples up, and query rows x GQA group
-    that one CTA takes (at most 40). H100, GPU time of a call at batch 1 / 8 / 32 x 4k-128k
-    (``benchmarks/draft_attention_gemma4_swapped_h100.json``): faster than the kernel the dispatcher
-    took before (Triton, or the M-axis wide kernel) in every cell, bar ties within 1% at one query
-    row from 2 GB read up, e.g. 31B decode (8 rows) 102.5 vs 107.4 us and 31B verifying 4 drafts
-    (40) 106.7 vs 111.0 at 268 MB read (0.88 / 0.84 of copy bandwidth), E4B (4 / 20 / 36 rows)
-    15.5-20 us against 20-24 at batch 1 x 4k. 31B's 72 rows stay with the M-axis kernel: 121 us
-    there against 137 in two row groups of 40 and 189 in one N
-    (``draft_attention_gemma4_swapped_row_groups_h100.json``)."""
+    that one CTA takes (at most 40): in GPU time of a call it beats the Triton kernel and the M-axis
+    wide kernel at every such shape measured, bar ties at one query row and large reads. 31B's 72
+    rows stay with the M-axis kernel, which beats this one in two row groups of 40 and in one N
+    (figures: ``benchmarks/README.md``, draft attention at Gemma 4 shapes)."""
     return (head_dim == 512 and tail_mask is None and window is None and batch * num_kv_heads * max_len >= 8192
             and swapped_kernel_supports(num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype)
             and default_row_groups(num_q, num_q_heads, num_kv_heads) == 1)

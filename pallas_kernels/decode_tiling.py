@@ -10,8 +10,8 @@ _TARGET_PROGRAMS = 264
 # Cache rows a one-row decode keeps in flight over the GPU (see _default_config).
 _ROWS_IN_FLIGHT = 16384
 # Shared memory the default tiling may plan for (of 227 KiB on H100/H200; Triton needs headroom).
-# head_dim 512 with 5 query rows x GQA 8 and the head_dim-256 tiling asked for ~256 KiB and failed
-# to launch on an H200.
+# head_dim 512 with 5 query rows x GQA 8 under the head_dim-256 tiling would ask for ~256 KiB, which
+# does not launch.
 _SMEM_BUDGET = 168 * 1024
 # From this head_dim up, M blocks hold 16 rows whatever the query rows x GQA group: a 16-row block
 # already keeps ~200 registers per thread (q as a dot operand is 16 x head_dim per warp, plus a
@@ -25,9 +25,9 @@ _ONE_WAVE_BLOCK_K = 64
 
 
 def _default_config(batch, num_kv_heads, m_blocks, rows, head_dim, block_m, *, windowed=False):
-    """Tuning defaults, from the GPU-time sweeps in ``benchmarks/decode_attention_tiling_h100.json``
-    (16-row blocks), ``benchmarks/decode_attention.json`` (larger blocks, H200) and
-    ``benchmarks/draft_attention_gemma4_sweep_*_h100.json`` (head_dim 256 / 512, ``variants``).
+    """Tuning defaults, from GPU-time sweeps of the tilings (16-row blocks, larger blocks, head_dim
+    256 / 512; figures: ``benchmarks/README.md``, decode attention and draft attention at Gemma 4
+    shapes).
 
     ``rows``: the cache rows a sequence's queries can see at most (``max_len``, or a window's:
     ``windowed``).
@@ -44,8 +44,8 @@ def _default_config(batch, num_kv_heads, m_blocks, rows, head_dim, block_m, *, w
     Both: at least 4 KV blocks per split at full length (1 under a window: windowed calls are
     short, and small batches of them ran fastest with 1-2 blocks per split), at most 64 splits;
     head_dim 256: block_k 32; head_dim 512: 16-row blocks block_k 32 with 2 stages (faster than
-    16 x 3 by up to 1.4x with several M blocks, the same with one), a 64-row block 16 x 3 (1.1-1.3x
-    the 2-stage or block_k-32 tilings); fewer stages where shared memory runs short.
+    16 x 3 with several M blocks, the same with one), a 64-row block 16 x 3 (faster than the 2-stage
+    or block_k-32 tilings); fewer stages where shared memory runs short.
     """
     base = batch * num_kv_heads * m_blocks
     num_stages = 3
@@ -76,9 +76,8 @@ def _one_wave(base, rows, block_m, head_dim):
     """Whether a short cache is read one ``_ONE_WAVE_BLOCK_K``-row block per program: 16-row M
     blocks at head_dim <= 128 whose (sequence, KV head, M block) triples x blocks fit one wave.
     There the call is bound by latency, not bandwidth: the programs' serial chains and the
-    launches, so the most parallel tiling wins (H100, one row, 512 cache rows: SmolLM2's heads
-    9 x 3 x 64 6.6 us against 8.4 for four 4-block splits of 32 rows, Llama-3.2-1B's 7.1 vs 8.5,
-    8B's 8.4 vs 9.5; ``benchmarks/decode_attention_small_h100.json``)."""
+    launches, so the most parallel tiling wins (over fewer, longer splits at SmolLM2, Llama-3.2-1B
+    and Llama-3.1-8B heads; figures: ``benchmarks/README.md``, decode attention)."""
     return (block_m <= 16 and head_dim <= 128
             and base * -(-rows // _ONE_WAVE_BLOCK_K) <= _ONE_WAVE_PROGRAMS)
 
@@ -103,18 +102,17 @@ def tiling(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, *, window
 def _merge_in_kernel(k_splits):
     """Few partials per sequence: the last program to arrive merges them (no second launch, only a
     zeroed counter per group). Many (batch 1..4): a combine kernel merges them in parallel, where
-    the last program alone would read them all (1 us more at batch 1; at 8-16 splits of small
-    models' short caches the decode loop ran 1.5-2% slower with the merge in the kernel, though
-    with fewer launches: ``benchmarks/decode_h100_merge_in_kernel_small.json``)."""
+    the last program alone would read them all (slower at batch 1, and at 8-16 splits of small
+    models' short caches the decode loop is slower with the merge in the kernel, though with fewer
+    launches; figures: ``benchmarks/README.md``, decode attention)."""
     return k_splits <= 2
 
 
 def _block_m(rows_m, head_dim):
     """Rows of an M block: query rows x GQA group, as a power of two in 16..64. At head_dim 256
     always 16 (several 16-row blocks beat one large one); at head_dim 512 one 64-row block for 33..64
-    rows (31B's 5 query rows, E4B's 9: 12-25% faster than three 16-row blocks reading the same K/V
-    from L2, ``draft_attention_gemma4_sweep_m_tiles_h100.json``), else 16 (two 16-row blocks still
-    stream at ~0.9 of copy)."""
+    rows (31B's 5 query rows, E4B's 9: faster than three 16-row blocks reading the same K/V from
+    L2), else 16 (two 16-row blocks still stream close to copy bandwidth)."""
     if head_dim > _WIDE_HEAD_DIM:
         return 64 if 32 < rows_m <= 64 else 16
     return 16 if head_dim == _WIDE_HEAD_DIM else max(16, min(_next_pow2(rows_m), 64))

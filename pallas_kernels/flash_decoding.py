@@ -10,7 +10,7 @@ lengths and positions): the blocks each sequence can see (``[lo, hi)`` from ``kv
 positions and window; blocks past the length are never read) are laid end to end and cut into
 ``batch * k_splits`` equal chunks, one per program, so a ragged batch spends its programs on its
 long sequences and no program idles (a static split per sequence, or one that rounds each
-sequence up to whole chunks, measured slower: ``benchmarks/README.md``). A program
+sequence up to whole chunks, is slower: ``benchmarks/README.md``, decode attention). A program
 whose chunk crosses into the next sequence goes on with it. A sequence read by one program has its
 output written by that program; otherwise its programs store fp32 partials, merged
 (:mod:`pallas_kernels.split_kv`) in one of two ways, chosen by ``k_splits``: with <= 2 splits per

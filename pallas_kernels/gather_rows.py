@@ -138,11 +138,11 @@ def gather_rows_pallas(x, rows, *, norm_weight=None, eps=1e-6, norm=None, num_wa
 
 
 def use_pallas(batch, n, seq_len, hidden, has_norm) -> bool:
-    """The ``impl="auto"`` rule on a GPU: never, for now.
+    """The ``impl="auto"`` rule on a GPU: never.
 
-    Both the kernel and XLA's gather + norm are launch-bound, and the kernel's speed-up showed
-    no pattern beyond the noise (``benchmarks/gather_rows.json``); inside a model's jit XLA can
-    also fuse the gather + norm with its neighbours, which a Pallas call cannot.
+    Both the kernel and XLA's gather + norm are launch-bound, and the kernel's speed-up shows no
+    pattern beyond the noise (figures: ``benchmarks/README.md``, gather_rows); inside a model's jit
+    XLA can also fuse the gather + norm with its neighbours, which a Pallas call cannot.
     """
     del batch, n, seq_len, hidden, has_norm
     return False

@@ -21,7 +21,7 @@ Same shapes and visibility rule as :mod:`pallas_kernels.decode_attention`, tree 
   splits and dots then hold the same values in the same places as in the chain's verify pass and
   in plain decoding, so a tree verifies bitwise as they decode. (Reading the ancestors where the
   tree put them, with the others masked, adds the same products in another grouping inside the
-  tensor-core dot: on an H100 a self-drafted tree then diverged from plain greedy decoding.)
+  tensor-core dot, so a self-drafted tree could diverge from plain greedy decoding.)
 
 The price against :mod:`pallas_kernels.flash_decoding` (which balances a ragged batch's blocks over
 its programs and merges in chunks): no stream-K, and more programs per short sequence.
@@ -43,8 +43,7 @@ from pallas_kernels.split_kv import _MASK_VALUE, _next_pow2
 
 BLOCK_M = 16  # rows of every M tile: the smallest 16-bit tensor-core dot
 # Blocks of 64 rows, splits of 256 (not 32 / 512): more programs with fewer sequential blocks
-# each. With the matmul's 64-row tiles, Llama-3.2-1B's decode step's kernels (context 512) took
-# 1.58 against 1.67 ms (H100, ``benchmarks/decode_h100_invariant_1b*.json``).
+# each, which makes the decode step faster (figures: ``benchmarks/README.md``, invariant mode).
 BLOCK_K = 64  # cache rows per block
 SPLIT_ROWS = 256  # cache rows per split: split boundaries at multiples of this
 

@@ -2,8 +2,8 @@
 
 On Hopper XLA compiles every kernel, the Pallas (Triton) calls included, with ``griddepcontrol.wait``
 at its entry and launches it as a programmatic dependent of the kernel before it (jaxlib's defaults
-``xla_gpu_enable_pdl`` / ``xla_gpu_enable_pdl_launch``; turning them off costs the small models'
-decode loop 3.5-7.5%, ``benchmarks/loop_options_pdl_off_h100.json``). A kernel that never triggers
+``xla_gpu_enable_pdl`` / ``xla_gpu_enable_pdl_launch``; turning them off slows the small models'
+decode loop). A kernel that never triggers
 lets its dependent launch only as its blocks exit. Every Triton kernel here triggers at entry
 (:func:`pallas_call`): the next kernel's launch and block scheduling then overlap this kernel's work,
 while its wait still holds every read until this kernel has finished and its writes are visible (a
@@ -11,11 +11,10 @@ kernel launched without PDL, e.g. cuBLAS, waits in stream order as before). The 
 every program of the grid has started, so a grid larger than one wave cannot be crowded out by its
 dependent.
 
-Measured in the on-device decode loop (H100, batch 1, context 512, each tree timed alone;
-``benchmarks/decode_h100_pdl_trigger.json``): SmolLM2-135M 0.688 / 0.680 ms/token vs 0.829 / 0.743,
-Llama-3.2-1B 1.171 / 1.164 vs 1.248 / 1.180, Gemma 4 E4B 4.669 vs 4.752, Llama-3.1-8B 5.526 vs
-5.577; the greedy tokens bit-identical with and without (E4B with XLA's autotuner off, whose picks
-differ between compiles).
+In the on-device decode loop the trigger speeds up every model shape measured, the small,
+launch-bound ones most (figures: ``benchmarks/README.md``, programmatic dependent launch); the
+greedy tokens are bit-identical with and without (E4B with XLA's autotuner off, whose picks differ
+between compiles).
 """
 
 from __future__ import annotations

@@ -172,15 +172,11 @@ def rope_write(qkv, cos, sin, k_buf, v_buf, kv_lengths, *, num_heads, num_kv_hea
     ``norm``: the q / k norms' rounding (None: Llama / Qwen3's :func:`rms_norm`; ``"fp32_scale"``: Gemma 4's),
     ``v_norm``: v normed without a weight (Gemma 4), ``k_eq_v``: qkv holds no v columns, V is the raw K.
 
-    ``auto``'s choice is measured (H100, bf16, context 512, ``benchmarks/decode_h100_rope_write_*.json``):
-    the kernel won or tied in every Llama-family model, in the on-device loop SmolLM2-135M batch 1
-    1.117 vs 1.267 ms/token, Llama-3.2-1B 1.338 vs 1.386, Llama-3.1-8B 6.849 vs 7.139; at batch 16 ties
-    (1.043 / 1.054, 6.062 / 6.067); the verify of 5 rows faster everywhere (8B batch 16 GPU time 7.255 vs
-    7.258 ms, wall 9.97 vs 12.40) and prefill tied. Gemma 4's variant (its norms, head_dim 256 / 512):
-    E4B's loop at batch 1 4.781 / 4.775 vs 4.886 / 4.885 ms/token with the reference (each timed alone,
-    ``benchmarks/decode_h100_e4b_ple_rope.json``), since its attention runs on the kernel at small caches
-    too (with attention on XLA's reference the loop had run slower with this kernel, 5.585 vs 5.336,
-    ``benchmarks/decode_h100_e4b_rope_write.json``)."""
+    ``auto``'s choice follows the benchmarks (figures: ``benchmarks/README.md``, plain decode): the
+    kernel wins or ties in every Llama-family model, in the on-device decode loop at batch 1 and 16,
+    the verify forward and prefill. Gemma 4's variant (its norms, head_dim 256 / 512) wins in E4B's
+    decode loop too, given that its attention runs on the kernel at small caches (with attention on
+    XLA's reference the loop would run slower with this kernel)."""
     impl = check_impl(impl, "rope_write")
     check_norm(norm, v_norm)
     head_dim = k_buf.shape[-1]

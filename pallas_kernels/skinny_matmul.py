@@ -22,15 +22,14 @@ weight-streaming GEMV/GEMM (Triton backend):
   small XLA fusion adds up and casts;
 * a gated activation in the epilogue (``gated="silu"``: w is ``[gate | up]``, each program holds
   one column tile of each and writes ``silu(gate) * up``), one launch fewer per MLP.
-  An RMSNorm prologue was measured and dropped (H100, bf16, batch 1): summing each row's squares
-  in a first pass over K made Llama-3.1-8B's qkv 2.4x slower (7.14 vs 5.98 ms/token in the loop),
-  and feeding ``x * g`` to the dot in one pass (``1 / rms`` scaling the accumulator at the end) still
-  cost Llama-3.2-1B 1.44 vs 1.35 ms/token: an elementwise op on x between its load and the dot
-  costs the loop more than the norm's own launch.
+  No RMSNorm prologue: summing each row's squares in a first pass over K slows the projection far
+  more than the norm's launch costs, and even feeding ``x * g`` to the dot in one pass (``1 / rms``
+  scaling the accumulator at the end) puts an elementwise op on x between its load and the dot,
+  which costs the loop more than the norm's own launch.
 
 ``skinny_matmul(..., impl="auto")`` uses the kernel only on a GPU and only for the shapes
-where ``benchmarks/skinny_matmul*.json`` showed it faster than XLA's dot (16-bit operands;
-the swept model shapes per M bucket up to 16 rows, other shapes at M = 1; see
+where the benchmarks show it faster than XLA's dot (``benchmarks/README.md``, skinny matmul;
+16-bit operands; the swept model shapes per M bucket up to 16 rows, other shapes at M = 1; see
 ``_auto_uses_pallas``); everywhere else (CPU, prefill) it is the reference.
 ``impl="pallas"`` takes any M <= 64 (tilings: :mod:`pallas_kernels.skinny_tilings`, swept per M bucket
 for the Llama-3.2-1B and Llama-3.1-8B projection shapes); more rows (a prefill) are no skinny product,
@@ -63,7 +62,7 @@ def skinny_matmul_reference(x, w, *, w_transposed=False, gated=None):
     """``x @ w``; with ``gated`` (a name in ``GATES``, e.g. ``"silu"``), w is ``[gate | up]`` and the result
     ``act(x @ gate) * (x @ up)``, each product rounded to x's dtype first."""
     # fp32 operands: full fp32 (no TF32). 16-bit operands: default precision, which is
-    # already bf16 x bf16 -> fp32; HIGHEST there made XLA's M = 1 dot 3x slower on H100.
+    # already bf16 x bf16 -> fp32; HIGHEST there makes XLA's M = 1 dot several times slower.
     f32 = jnp.dtype(jnp.float32) in (jnp.dtype(x.dtype), jnp.dtype(w.dtype))
     precision = jax.lax.Precision.HIGHEST if f32 else None
     out = jnp.einsum("...k,nk->...n" if w_transposed else "...k,kn->...n", x, w, precision=precision,
@@ -241,18 +240,17 @@ def skinny_matmul_pallas(x, w, *, config: SkinnyConfig | None = None, interpret=
 
 
 def _auto_uses_pallas(m: int, k: int, n: int, x_dtype, w_dtype) -> bool:
-    """The ``impl="auto"`` rule on a GPU (``benchmarks/skinny_matmul*.json``, H100 and H200).
+    """The ``impl="auto"`` rule on a GPU (figures: ``benchmarks/README.md``, skinny matmul).
 
     16-bit operands only. Swept shapes (``_TUNED``): the kernel where its best tiling beat XLA's
     dot in that M bucket. Other shapes: one row only (M = 1: decode at batch 1, each draft step),
     where the kernel beat XLA on every mid-size projection measured (XLA's M = 1 dot is weak), but
     not the LM head (N > 32768), where they tie. That includes the small models' projections from
     512 x 512 up (SmolLM2-135M, Qwen2.5-0.5B: K or N under 1024; XLA runs them as reductions with
-    more launches around them): their decode step's kernels 0.915 / 1.052 GPU ms with the kernel
-    against 1.044 / 1.165 (H100, ``benchmarks/decode_h100_short_k*.json``). From 256 x 256 up: the
-    Gemma 4 assistant's hidden size is 256, and XLA ran its one-row projections as a product written
-    out by one kernel and summed by another; on the kernel its propose took 15% less time (H200, in
-    the on-device loop: 0.462-0.470 vs 0.544-0.546 ms at k = 4, ``benchmarks/draft_step_h200/``).
+    more launches around them), whose decode step's kernels take less GPU time on the kernel. From
+    256 x 256 up: the Gemma 4 assistant's hidden size is 256, and XLA runs its one-row projections as
+    a product written out by one kernel and summed by another; on the kernel its propose takes less
+    time in the on-device loop.
     """
     half = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
     if jnp.dtype(x_dtype) != jnp.dtype(w_dtype) or jnp.dtype(x_dtype) not in half or m > MAX_M:

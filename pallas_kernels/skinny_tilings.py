@@ -33,8 +33,8 @@ class SkinnyConfig:
 # (qkv, o, gate_up, down, LM head), by M bucket (M <= 2 -> 1, 3..8 -> 5, 9..16 -> 16, 17..64 -> 32):
 # ((block_n, block_k, split_k, num_warps, num_stages), whether ``impl="auto"`` takes the kernel
 # there). The flag is set where the best tiling beat XLA's dot beyond the noise in the sweep *and*
-# again in a separate measurement. The 8B shapes were re-swept by the kernels' GPU time (steady
-# where wall time is not). Files and figures: ``benchmarks/README.md``, skinny matmul.
+# again in a separate measurement. The 8B shapes' tilings come from a sweep by the kernels' GPU time
+# (steady where wall time is not). Figures: ``benchmarks/README.md``, skinny matmul.
 _TUNED = {
     (4096, 6144): {1: ((64, 128, 1, 4, 6), True), 5: ((64, 128, 1, 4, 6), False), 16: ((64, 128, 1, 4, 6), False)},
     (4096, 4096): {1: ((32, 128, 1, 4, 6), True), 5: ((32, 128, 1, 4, 6), False), 16: ((32, 128, 1, 4, 6), False)},
@@ -49,17 +49,14 @@ _TUNED = {
     (4096, 14336): {1: ((128, 64, 1, 4, 6), True), 5: ((128, 64, 1, 4, 6), False), 16: ((128, 64, 1, 4, 6), False),
                     32: ((64, 256, 1, 4, 4), False)},
     # An EAGLE-3 head of Llama-3.1-8B (fc 3H -> H, the midlayer's qkv over 2H, its 32000-word LM head) at M = 1:
-    # GPU time 2.835 / 2.837 / 3.007 TB/s (0.97 / 0.97 / 1.03 of a 2.93 TB/s copy), the untuned rule 2.711 / 2.630 /
-    # 2.986, XLA's dot 2.589 / 2.692 / 2.959 (``matmul_eagle3_head_h100.json``).
+    # these tilings stream at about copy bandwidth, ahead of the untuned rule and of XLA's dot.
     (12288, 4096): {1: ((64, 256, 1, 4, 4), True)},
     (8192, 6144): {1: ((64, 128, 1, 4, 6), True)},
     (4096, 32000): {1: ((128, 64, 1, 4, 6), True)},
     # Gemma 4 E4B's per-layer-input gate (2560 -> 256) and projection (256 -> 2560) at M = 1, the sweep's
-    # best tilings: GPU time 0.29 / 0.50 TB/s, XLA's dot 0.18 / 0.45 (two kernels for the gate's)
-    # (``skinny_matmul_ple_e4b_h100.json``); E4B's decode loop 4.901 against 5.071 ms/token
-    # (``decode_h100_e4b_ple.json``: processes overlapping, the clean row was cut). The gate's partial
-    # sums in the projection's prologue instead of an XLA fusion between them measured slower (5.233
-    # against 5.058): the work on x between its load and the dot costs more than the launch it saves.
+    # best tilings: ahead of XLA's dot (two kernels for the gate's), and so is E4B's decode loop. The gate's
+    # partial sums are added by an XLA fusion between the two, not in the projection's prologue: the work on
+    # x between its load and the dot costs more than the launch it saves.
     (2560, 256): {1: ((32, 128, 4, 4, 4), True)},
     (256, 2560): {1: ((32, 128, 1, 4, 4), True)},
 }
@@ -71,9 +68,9 @@ def _m_bucket(m: int) -> int:
 
 # One row over a short K (the projections of models with a hidden size under 1024: SmolLM2-135M's 576,
 # Qwen2.5-0.5B's 896): one split of 32-column tiles. Each such matmul is a few microseconds, so the
-# split-K sum's own launch costs more than the parallelism it buys (H100, SmolLM2-135M decode at
-# batch 1: the step's kernels 0.915 GPU ms with these tiles, 1.023 with the rule's split-K tiles,
-# 1.022 with XLA's dots; ``benchmarks/decode_h100_small_*.json``).
+# split-K sum's own launch costs more than the parallelism it buys (a small model's decode step runs
+# faster on these tiles than on the rule's split-K tiles or XLA's dots; figures: benchmarks/README.md,
+# skinny matmul).
 _SHORT_K = 1024
 _SHORT_K_ONE_ROW = SkinnyConfig(block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=4)
 
@@ -101,9 +98,9 @@ def _rule_config(k: int, n: int, itemsize: int) -> SkinnyConfig:
     return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=4, num_stages=4)
 
 
-# Invariant tilings that beat the one-row tiling in 64-row tiles (H100, GPU time at M = 16 and
-# M = 1, ``benchmarks/invariant_matmul_sweep_h100.json``): Llama-3.2-1B's qkv 0.0101 vs 0.0134 ms,
-# o 0.0080 vs 0.0084. (block_n, block_k, split_k, num_warps, num_stages) as in ``_TUNED``.
+# Invariant tilings that beat the one-row tiling in 64-row tiles (GPU time at M = 16 and M = 1,
+# Llama-3.2-1B's qkv and o; figures: ``benchmarks/README.md``, invariant mode).
+# (block_n, block_k, split_k, num_warps, num_stages) as in ``_TUNED``.
 _INVARIANT_TUNED = {
     (2048, 3072): (128, 64, 4, 4, 4),
     (2048, 2048): (64, 128, 4, 4, 4),
@@ -116,13 +113,13 @@ def invariant_config(k: int, n: int, itemsize: int = 2, *, w_transposed: bool = 
     the same sum in the same order whether it is computed alone, among verify rows, in a batch or in
     a prefill (``impl="invariant"``).
 
-    64-row tiles rather than 16: H100, Llama-3.1-8B shapes, the decode step's kernels 6.16 against
-    6.47 ms (``auto`` 6.03) and a batch of 16 verifying 4 drafts (80 rows: two tiles, not five)
-    11.8 ms, tied with ``auto``'s cuBLAS GEMMs (11.9), where 16-row tiles took 1.8x ``auto``
-    (``benchmarks/decode_h100_invariant_*.json``). Within the tiles: the swept invariant tilings, else
-    the one-row tiling (:func:`default_config` at M = 1) for w [K, N]; a w [N, K] (a tied LM head read
-    as stored) reads rows of K, so it takes the untuned rule's 128 x 128 tiles, not the narrow K steps
-    tuned for the [K, N] layout (1B's tied head: 0.18 vs 0.26 ms, XLA's dot 0.18)."""
+    64-row tiles rather than 16: the decode step runs faster and close to ``auto``, and a batch of 16
+    verifying 4 drafts (80 rows: two tiles, not five) ties with ``auto``'s cuBLAS GEMMs, where 16-row
+    tiles are far slower (figures: ``benchmarks/README.md``, invariant mode). Within the tiles: the
+    swept invariant tilings, else the one-row tiling (:func:`default_config` at M = 1) for w [K, N];
+    a w [N, K] (a tied LM head read as stored) reads rows of K, so it takes the untuned rule's
+    128 x 128 tiles, not the narrow K steps tuned for the [K, N] layout (on a tied head the rule's
+    tiles keep up with XLA's dot, the narrow ones do not)."""
     if w_transposed:
         config = _rule_config(k, n, itemsize)
     elif itemsize == 2 and (k, n) in _INVARIANT_TUNED:
@@ -137,9 +134,9 @@ def _pow2_at_least(v: int, lo: int) -> int:
 
 
 # Column tiles of a gated product narrower than 64 only while it has fewer than this many programs:
-# H100, gate/up at M = 1: SmolLM2-135M (1536 columns a half) 4.41 us in 16-column tiles (96 programs)
-# against 5.26 in 64-column ones (24); Qwen2.5-0.5B (4864) 8.46 us in 64-column tiles (76) against
-# 11.44 in 16-column ones (304).
+# gate/up at M = 1 of SmolLM2-135M (1536 columns a half) runs faster in 16-column tiles (96 programs)
+# than in 64-column ones (24), Qwen2.5-0.5B's (4864) faster in 64-column tiles (76) than in 16-column
+# ones (304).
 _GATED_PROGRAMS = 64
 
 

@@ -2,7 +2,7 @@
 
 Same shapes and visibility rule as :mod:`pallas_kernels.decode_attention` (no ``tail_mask``, no
 window: full layers have neither outside tree verification). At head_dim 512 the Triton kernel
-streams only ~0.65 of copy bandwidth once the query rows x GQA group pass 16 (every 16-row slice
+streams well short of copy bandwidth once the query rows x GQA group pass 16 (every 16-row slice
 re-reads the K/V tile from shared memory, and a 64 x 512 fp32 accumulator leaves Triton no
 registers). This kernel is built the way FlashMLA runs 512-wide heads:
 
@@ -12,7 +12,7 @@ registers). This kernel is built the way FlashMLA runs 512-wide heads:
   several tiles, receive each K/V chunk by one multicast copy: it crosses from L2 to shared memory
   once for all of them). A GQA
   group of whole 8-row tiles (31B: 8) is copied from q's own layout, one TMA copy per query; a
-  smaller one (E4B: 4) is transposed and padded by XLA first (a launch of its own, 2-4 us);
+  smaller one (E4B: 4) is transposed and padded by XLA first (a launch of its own);
 * a producer warpgroup streams K and V by TMA in chunks of ``block_kv`` rows x 256 columns (per
   K/V block: K's chunks, then V's) into a ring of ``slots`` chunks. At head_dim 512 a whole K and V
   block (128 KiB) beside q (64 KiB) leaves no room for a second one; five 32 KiB chunks let the next
@@ -23,7 +23,7 @@ registers). This kernel is built the way FlashMLA runs 512-wide heads:
   accumulator, WGMMA's widest N) and compute their share of ``p @ v``. The scores ``q @ k.T`` at
   32-row blocks (full M tiles) are split the same way: each consumer multiplies its 256 columns
   and the partial scores are added through shared memory, halving the tensor-core work that bounds
-  a full tile (4-8% faster at 72 rows); a consumer waits for the block's V chunks between posting
+  a full tile (faster at 72 rows); a consumer waits for the block's V chunks between posting
   its partial scores and reading the other's, so that wait fills the exchange's. At 64-row blocks
   (light tiles) each consumer computes the scores over the whole head_dim itself, which costs idle
   tensor-core time instead of a round trip;
@@ -31,7 +31,7 @@ registers). This kernel is built the way FlashMLA runs 512-wide heads:
   log-sum-exps, merged in one launch straight into the output's layout
   (:mod:`pallas_kernels.wide_head_merge`; ``k_splits == 1`` writes the output directly); the
   limits are scalar work inside the kernel, not XLA ops around it (each of those is a launch of
-  its own, ~1-2 us: a tenth of a 268 MB call).
+  its own, a sizeable share of a small call).
 
 Masking: row ``r`` sees cache rows ``[0, limit_r)`` with ``limit_r = min(L, p_r + 1)``; only
 blocks past the smallest limit are masked, and rows past ``L`` (which may hold NaN) are zeroed in
@@ -129,7 +129,7 @@ def zero_rows_past_length(v_tile, start, length, layout):
 def query_rows(q, dtype, num_kv_heads, padded):
     """``q [batch, num_q, num_q_heads, head_dim]`` as each KV head's query rows x GQA group (row
     ``r``: query ``r // group``), zero-padded to ``padded``: ``[batch, num_kv_heads, padded,
-    head_dim]`` (an XLA transpose + pad: a launch of its own, 2-4 us)."""
+    head_dim]`` (an XLA transpose + pad: a launch of its own)."""
     batch, num_q, num_q_heads, head_dim = q.shape
     group = num_q_heads // num_kv_heads
     rows = q.astype(dtype).reshape(batch, num_q, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
@@ -165,15 +165,15 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
             f"of block_kv (got {max_len}, {block_kv}; block_kv a multiple of 32) and a 16-bit cache (got {k.dtype})")
     interpret = interpret_mode() if interpret is None else interpret
     # A head's M tiles as one cluster: launched together, they share their K/V reads in L2 (as
-    # neighbouring programs they drift apart at batch 32: 1.2-1.4x slower). The interpreter runs no clusters.
+    # neighbouring programs they drift apart at large batches, and run slower). The interpreter runs no clusters.
     cluster_tiles = tiles > 1 and not interpret
     # Every tile of a head reads the same K/V chunks: as one multicast copy a chunk crosses from L2
-    # to shared memory once for the cluster, not once a tile (31B's 72 rows: 8-12% faster from 8 GB
-    # read, benchmarks/draft_attention_gemma4_multicast_adopted_h100.json). Only at 32-row blocks, the default
-    # wherever a head has several tiles: at 64-row blocks (a ring of one block) the H100 hung.
+    # to shared memory once for the cluster, not once a tile (faster for 31B's 72 rows at large reads).
+    # Only at 32-row blocks, the default wherever a head has several tiles: at 64-row blocks (a ring
+    # of one block) the kernel hangs.
     if multicast and block_kv != 32:
         raise ValueError(f"multicast=True needs 32-row blocks (got block_kv={block_kv}): at 64-row blocks "
-                         "the multicast ring hung on the H100")
+                         "the multicast ring hangs")
     multicast = multicast is not False and cluster_tiles and block_kv == 32
     consumers = head_dim // COLUMNS
     n_blocks = max_len // block_kv
@@ -200,7 +200,7 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
     padded = tiles * ROWS
     tile_rows = [min(ROWS, pl.cdiv(rows - i * ROWS, 8) * 8) for i in range(tiles)]
     # A group of whole 8-row smem tiles is copied straight from q, one query's group per copy (an XLA
-    # transpose + pad before the call costs a launch, 2-4 us); rows past the last query are left as
+    # transpose + pad before the call costs a launch); rows past the last query are left as
     # they are: rows never mix in WGMMA or the row reductions, and only real rows are written out.
     q_in_place = group % 8 == 0
     copies_per_chunk = min(ROWS // group, num_q) if q_in_place else 1
@@ -293,8 +293,8 @@ def decode_attention_wide(q, k, v, kv_lengths, *, q_positions, scale=None, block
                         exchange.at[c][...] = s
                         plgpu.commit_smem()
                         plgpu.barrier_arrive(shared.at[half])
-                        # The V waits fill the wait for the other consumer's scores (2-6% faster
-                        # from 256 MB: draft_attention_gemma4_wait_v_h100.json).
+                        # The V waits fill the wait for the other consumer's scores (faster from
+                        # 256 MB read).
                         wait_v()
                         plgpu.barrier_wait(shared.at[half])
                         parts = [s if j == c else plgpu.load(exchange.at[j], layout=wgmma_layout)

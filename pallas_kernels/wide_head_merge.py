@@ -3,12 +3,11 @@
 The wide-head kernel's splits write normalised partials ``[batch, kv_heads * tiles, splits, 64,
 head_dim]`` (a tile's real rows) and base-2 log-sum-exps ``[batch, kv_heads * tiles, splits, 64]``.
 In XLA (:func:`merge_splits_reference`) their merge takes three to six fusions, as XLA lays it out
-(a transpose of the partials at some split counts), ~1-4 us each: at Gemma 4 31B's 5 query rows,
-batch 1 x 32k, 122 vs 113 us for the whole call on the H100
-(``benchmarks/draft_attention_gemma4_cluster_merge_h100.json``). Here one program per (sequence,
-KV head, query, column chunk) loads every split's ``group x chunk`` block at once, weighs them and
-writes the block of the output ``[batch, num_q, num_q_heads, head_dim]`` (the query's GQA group of
-one KV head is contiguous there).
+(a transpose of the partials at some split counts), each a launch of its own: a noticeable share
+of the whole call (figures: ``benchmarks/README.md``, draft attention at Gemma 4 shapes). Here one
+program per (sequence, KV head, query, column chunk) loads every split's ``group x chunk`` block at
+once, weighs them and writes the block of the output ``[batch, num_q, num_q_heads, head_dim]`` (the
+query's GQA group of one KV head is contiguous there).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Same shapes, visibility rule and outputs as :func:`pallas_kernels.wide_head_decode.decode_attention_wide`.
 That kernel puts the query rows x GQA group on WGMMA's M axis in tiles of 64: at 72 rows (Gemma 4
 31B verifying 8 drafts) a second tile carries 8 real rows, yet runs the whole per-block chain on an
-SM of its own, and both tiles stream the same K/V (0.74 of copy bandwidth at 268 MB). Here the
+SM of its own, and both tiles stream the same K/V (well short of copy bandwidth). Here the
 products are transposed so that all the rows (up to 256, a multiple of 8) are one N:
 
 * ``s^T [64 keys, rows] = K [64, head_dim] @ q^T``: K's block straight from the ring as WGMMA's A,
@@ -19,9 +19,8 @@ output (transposed back through q's shared memory) and the base-2 log-sum-exps g
 merge. The consumer holds a 256 x rows fp32 accumulator (144 registers a thread at 72 rows) beside
 the scores and a few values per row, so a CTA has one consumer warpgroup (248 registers) and owns
 256 output columns: at head_dim 512 a cluster of two CTAs splits the columns, both reading K (shared
-in L2) and each its half of V. (Two consumers in one CTA, 232 registers each, measured
-slower on the H100, 74 vs 62 us at E4B's 9 rows x 32k, and went wrong there from 20 rows on while the
-interpreter agreed with the reference.)
+in L2) and each its half of V. (Two consumers in one CTA, 232 registers each, run slower and give
+wrong results on the GPU from 20 rows on, though the interpreter agrees with the reference.)
 """
 
 from __future__ import annotations
@@ -59,10 +58,10 @@ def group_rows(num_q, num_q_heads, num_kv_heads, row_groups) -> int:
 def default_row_groups(num_q, num_q_heads, num_kv_heads) -> int:
     """CTAs sharing a KV head's query rows: as few as keep each at most ``GROUP_ROWS`` rows.
 
-    A CTA's 256 x rows fp32 accumulator sits in its consumer's registers: on the H100 (bf16, GPU time
-    of a call, ``benchmarks/draft_attention_gemma4_swapped_h100.json``) 40 rows in one CTA stream at
-    0.84 of copy bandwidth from 268 MB (Gemma 4 31B full layers verifying 4 drafts), where 72 rows
-    took 1.6x the M-axis kernel's time."""
+    A CTA's 256 x rows fp32 accumulator sits in its consumer's registers: 40 rows in one CTA stream
+    close to copy bandwidth (Gemma 4 31B full layers verifying 4 drafts), where 72 rows are far
+    slower than the M-axis kernel (figures: ``benchmarks/README.md``, draft attention at Gemma 4
+    shapes)."""
     group = num_q_heads // num_kv_heads
     row_groups = 1
     while group_rows(num_q, num_q_heads, num_kv_heads, row_groups) > max(GROUP_ROWS, group):

@@ -16,17 +16,16 @@ def default_block_kv(num_q, num_q_heads, num_kv_heads) -> int:
     """K/V rows per block: 32 once the query rows x GQA group fill more than half an M tile, else 64.
 
     A chunk of the ring is held until both consumers are done with it; 32-row chunks free sooner and
-    keep more bytes in flight. H100, GPU time of a call, 32-row blocks against 64-row ones
-    (``benchmarks/draft_attention_gemma4_block_kv_h100.json``, batch 1 / 8, contexts 4k / 32k):
-    Gemma 4 31B full layers, 40 rows (5 query rows) 0.92-0.95 from 268 MB read, 72 rows (9) 0.71-0.91;
-    E4B, 36 rows 0.93-0.97 except batch 1 x 4k (1.08); 20 rows (E4B, 5 query rows) 1.06-1.24 below
-    1 GB read (the halved blocks' fixed costs weigh more there), 0.99 at 1 GB."""
+    keep more bytes in flight. In GPU time of a call, 32-row blocks beat 64-row ones at Gemma 4 31B's
+    full layers (40 and 72 rows) and E4B's 36 rows, but lose at 20 rows (E4B, 5 query rows) below
+    1 GB read, where the halved blocks' fixed costs weigh more (figures: ``benchmarks/README.md``,
+    draft attention at Gemma 4 shapes)."""
     return 32 if num_q * (num_q_heads // num_kv_heads) > ROWS // 2 else 64
 
 
 def default_slots(block_kv, most) -> int:
     """Chunks in the K/V ring: all that fit at 64-row blocks (5), eight (two blocks) at 32 rows,
-    which measured 1-8% faster than the ten that fit."""
+    which run faster than the ten that fit."""
     return most if block_kv >= 64 else min(most, 8)
 
 
@@ -35,11 +34,10 @@ def default_share_scores(block_kv, consumers) -> bool:
     scores through shared memory, instead of each computing them over the whole head_dim.
 
     Sharing halves the scores' tensor-core work at head_dim 512 for a round trip of ``64 x block_kv``
-    fp32 per block: a full M tile is bound by that work (H100, 31B full layers, 9 query rows: 125 vs
-    130 us at 268 MB read, 807 vs 872 us at 2 GB, 3285 vs 3416 at batch 32 x 32k, but 14.8 vs 14.2 ms
-    at batch 32 x 128k; ties at 5 rows; ``benchmarks/draft_attention_gemma4_share_scores_h100.json``,
-    ``draft_attention_gemma4_old_vs_new_h100.json``). Its double-buffered exchange fits beside the
-    ring at 32-row blocks only."""
+    fp32 per block: a full M tile is bound by that work (31B full layers, 9 query rows: faster with
+    sharing up to batch 32 x 32k, a little slower only at the largest caches; ties at 5 rows; figures:
+    ``benchmarks/README.md``, draft attention at Gemma 4 shapes). Its double-buffered exchange fits
+    beside the ring at 32-row blocks only."""
     return consumers > 1 and block_kv == 32
 
 

@@ -44,10 +44,10 @@ def is_gguf_file(path) -> bool:
 
 
 class _Reader(gguf.GGUFReader):
-    """``gguf.GGUFReader``, parsing the header 3-4x faster: it slices the file once per value
-    (~250k times for a 150k-token vocabulary), and slicing its ``np.memmap`` runs memmap's
-    Python-level ``__getitem__`` / ``__array_finalize__`` each time; a plain ndarray view of
-    the same mapping does not."""
+    """``gguf.GGUFReader``, parsing the header several times faster: it slices the file once per
+    value (~250k times for a 150k-token vocabulary), and slicing its ``np.memmap`` runs memmap's
+    Python-level ``__getitem__`` / ``__array_finalize__`` each time; a plain ndarray view of the
+    same mapping does not."""
 
     def _get(self, offset, dtype, count=1, override_order=None):
         plain = self.__dict__.get("_plain")

@@ -170,9 +170,9 @@ def top_k_indices(scores, k: int):
     """``jax.lax.top_k(scores, k)[1]`` (ties: the lower index first) by counting instead of sorting:
     an entry's rank is the number of entries above it or tied with it at a lower index, and the
     top ``k`` are the entries of rank ``0 .. k-1``. ``scores [batch, n]`` -> ``[batch, k]`` int32.
-    On the GPU XLA sorts all ``n`` entries for a top-k (8.4 us for the assistant's 2048 centroid
-    scores on the H200, its largest kernel after the attention); these two fused reductions over
-    ``n x n`` comparisons take a launch each, and ``n`` is small."""
+    On the GPU XLA sorts all ``n`` entries for a top-k (for the assistant's centroid scores, its
+    largest kernel after the attention); these two fused reductions over ``n x n`` comparisons
+    take a launch each, and ``n`` is small."""
     n = scores.shape[-1]
     index = jnp.arange(n)
     other, this = scores[:, None, :], scores[:, :, None]  # [batch, i, j]: entry j against entry i

@@ -218,7 +218,6 @@ class FrozenKVMTP:
 
         hidden = hidden.astype(self.assistant.dtype)  # the carry keeps one dtype
         # Rolled, unlike the hidden-state heads' one-layer steps: unrolled, the E4B-shaped assistant's
-        # propose ran 2.05-2.85 ms in the on-device loop against 0.57-0.90 rolled (H100, k = 4 and 6,
-        # benchmarks/draft_step_h100/assistant_propose_in_loop_*.json).
+        # propose runs several times slower in the on-device loop (gaps between its launches).
         _, (tokens, probs) = jax.lax.scan(one, (token, hidden), keys)
         return tokens.T, None if probs is None else probs.transpose(1, 0, 2)

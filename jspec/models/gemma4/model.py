@@ -185,8 +185,8 @@ def decoder_layer(
     eps = c.rms_norm_eps
     # Where kernels fuse, each branch's output projection leaves split-K partials and one launch
     # post-norms their sum, adds it to x and norms the result for the next consumer
-    # (jspec.layers.add_rms_norm); the layer's last one also applies layer_scalar. (H100, E4B's loop:
-    # 5.059 against 5.114 ms/token with the layer scalar in the kernel, benchmarks/decode_h100_e4b_*.)
+    # (jspec.layers.add_rms_norm); the layer's last one also applies layer_scalar, saving the
+    # scaling's own launch.
     fused = fuses_around_kernels(impl, parallel)
     add_branch = functools.partial(_add_branch, eps=eps, fused=fused, impl=impl)
     h = rms_norm(x, layer.attn_norm, eps, impl=impl) if attn_input is None else attn_input

@@ -1,9 +1,8 @@
 """Llama 3 / Qwen2 / Qwen3 decoder as a pure forward function over a parameter pytree.
 
 Layers are held one pytree node per layer and looped in Python inside the jitted caller:
-on an H200 that measured 1.5 ms/token against 2.5 ms for ``lax.scan`` over stacked
-weights at Llama-3.2-1B shape (shared/docs/GPU_BASELINES.md), at the price of compile time
-growing with depth.
+a decode step runs markedly faster than with ``lax.scan`` over stacked weights, at the price of
+compile time growing with depth.
 """
 
 from __future__ import annotations
