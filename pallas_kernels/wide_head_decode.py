@@ -40,7 +40,7 @@ largest limit.
 
 The consumer's steps are named regions (``wait_q``, ``blocks``: ``wait_k``, ``scores``, ``exchange``,
 ``softmax``, ``wait_v``, ``pv``; ``write_out``; the producer's ``stream``), which the Mosaic GPU
-profiler times per warpgroup (``benchmarks/probes/wide_head_timeline.py``).
+profiler times per warpgroup.
 
 Needs an H100-class GPU; on a machine without one it runs in the Mosaic GPU interpreter
 (``plgpu.InterpretGPUParams``, jax >= 0.12), which is how the CPU tests exercise it.

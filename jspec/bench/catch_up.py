@@ -18,7 +18,7 @@ EAGLE-3-shaped head for it (one layer of the target's shapes reading 2 x hidden,
 Random weights accept ~no drafts, so rounds advance one token; a round's time does not depend
 on how many drafts are accepted (all k+1 rows are verified and caught up).
 
-  python -m jspec.bench catch-up --out benchmarks/eagle3_round.json
+  python -m jspec.bench catch-up --out eagle3_round.json
 """
 
 from __future__ import annotations
@@ -135,8 +135,8 @@ TINY = dict(target=lambda t: t if is_tiny(t) else "tiny", dtype="float32", batch
 
 
 def register(subparsers):
-    parent = common(out_help="JSON output path (default benchmarks/eagle3_round.json)",
-                    out_default="benchmarks/eagle3_round.json", repeats=20, impl="one")
+    parent = common(out_help="JSON output path (default eagle3_round.json)",
+                    out_default="eagle3_round.json", repeats=20, impl="one")
     c = subcommand(subparsers, "catch-up", help="EAGLE-3 round vs decode step; draft catch-up sliced or not",
                    description=__doc__, run=run, parents=[parent], tiny=TINY)
     c.add_argument("--target", default="llama-3.1-8b", help="target preset (the head takes its shapes)")

@@ -42,11 +42,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-# JAX preallocates 75% of each GPU's memory by default: 60 of an H100's 80 GB, less than a
-# 70B-shaped target's 70.5 GB share on two of them. Preallocating more would leave torch no room
-# for the copy-bandwidth buffers measured next to it, so the memory is taken as needed, up to 90%:
-# at 95% the CUDA contexts, NCCL and torch found no memory left beside XLA's pool on 2 x H100 (a
-# 64-byte cudaMalloc failed and the run hung); at 90% (71.3 GiB) the 70B ran, peaking at 69.1 GiB.
+# JAX preallocates 75% of each GPU's memory by default: on an 80 GB GPU less than a 70B-shaped
+# target's share on two of them. Preallocating more would leave torch no room for the copy-bandwidth
+# buffers measured next to it, so the memory is taken as needed, up to 90%: at 95% the CUDA contexts,
+# NCCL and torch find no memory left beside XLA's pool and a run can hang.
 TENSOR_PARALLEL_MEMORY = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.90", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 
 

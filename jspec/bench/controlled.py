@@ -7,10 +7,10 @@ so the acceptance length is ``(1 - alpha**(k+1)) / (1 - alpha)`` in expectation,
 tokens. The round still does all its compute: the drafter proposes and is committed as usual, the
 target verifies the k+1 rows, and the token after the accepted drafts is the target's argmax there.
 
-Replaying the target's own greedy continuation with corrupted tokens (the earlier method) is exact
-only where a verify forward picks the same argmax as a one-row decode step; in bf16 on a GPU it
-does not (acceptance 2.78 measured against 3.32 expected at alpha 0.8, k = 4), and once the output
-leaves the replayed continuation every later draft is wrong. A drawn count has no such drift.
+Replaying the target's own greedy continuation with corrupted tokens instead would be exact only
+where a verify forward picks the same argmax as a one-row decode step; in bf16 on a GPU it does not,
+and once the output leaves the replayed continuation every later draft is wrong. A drawn count has
+no such drift.
 
 The draws are low-discrepancy rather than independent: round ``r`` of sequence ``b`` uses
 ``u = frac(b * c + (r + 1) / phi)`` (a Weyl sequence: any run of rounds covers [0, 1) evenly),

@@ -9,7 +9,7 @@ rows, side by side. Targets are presets
 (random weights made on the device) or checkpoint directories. Writes ``--out`` (JSON) and a
 PNG beside it.
 
-  python -m jspec.bench decode --out benchmarks/decode.json --targets llama-3.1-8b --impl xla auto
+  python -m jspec.bench decode --out decode.json --targets llama-3.1-8b --impl xla auto
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def decode_state(model, batch, context, max_len, impl, seed=0):
 def verify_pass(capture, impl):
     """The target's verify forward of ``k + 1`` rows (a tree's with its ``tree_mask``) as a round
     runs it, in place: ``(logits, kv)`` with the cache donated and handed back at its old lengths.
-    (Undonated, the forward would copy each layer's K and V to write its rows into them: 0.3 ms of
-    ``memcpy`` per call at Llama-3.1-8B batch 4 on the H100, which no round pays.)"""
+    (Undonated, the forward would copy each layer's K and V to write its rows into them, a ``memcpy``
+    no round pays.)"""
 
     def run(target, tokens, kv, tree_mask=None):
         logits, _, new_kv = forward(target, tokens, kv, capture=capture, impl=impl, tree_mask=tree_mask)
@@ -116,7 +116,7 @@ COLLECTIVE_PREFIXES = ("psum", "all_reduce", "all-reduce", "all_gather", "all-ga
 def is_collective(kernel_name: str) -> bool:
     """A communication kernel under ``--tp``: NCCL's, or XLA's own one-shot kernels, which it names
     after the collective (``psum_484_0_fusion_1`` for the all-reduce of a row-split projection,
-    ``all_reduce_1_fusion_1``; on 2 x H100 most of a step's all-reduces ran as these, not NCCL)."""
+    ``all_reduce_1_fusion_1``; most of a step's all-reduces run as these, not as NCCL's)."""
     name = kernel_name.lower()
     return "nccl" in name or name.startswith(COLLECTIVE_PREFIXES)
 

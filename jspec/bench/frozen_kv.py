@@ -20,7 +20,7 @@ target gets H_a 1024 as the 26B-A4B assistant and E4B gets H_a 256 as the E2B on
   tokens -- read both as k = 5, SGLang's speculative_num_draft_tokens counting the root, and as
   k = 6 -- and 2.54 at 3 steps).
 
-  python -m jspec.bench frozen-kv --out benchmarks/frozen_kv.json --targets gemma-4-31b gemma-4-e4b
+  python -m jspec.bench frozen-kv --out frozen_kv.json --targets gemma-4-31b gemma-4-e4b
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ class Best:
 
 
 def stage_a(sm, m, k, n):
-    """~15 tilings per shape (run 1 on H100 pruned the rest): the square 128x128 tile, split-1
+    """~15 tilings per shape: the square 128x128 tile, split-1
     narrow tiles (4 and 6 stages), wide-N tiles, a 2-CTA/SM tile; split-K chosen for >= 2 waves
     of programs."""
     def split_for(bn, bk):

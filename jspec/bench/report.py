@@ -6,8 +6,7 @@ A result is::
      "command": "spec" | "kernels check" | ...,       # subcommand [action]
      "argv": [...],                                   # the command line
      "environment": {device, platform, jax_version, python, dtype, seed, weights, date, xla_flags,
-                     loop_compiler_options, tokamax_version,  # these two since 2026-11-26
-                     compilation_cache},                      # since 2026-11-27: --compile-cache
+                     loop_compiler_options, tokamax_version, compilation_cache},
      "rows": [{"measure": "<name>", ...fields...}, ...],
      ...}                                             # a few extras: copy_bandwidth, notes
 

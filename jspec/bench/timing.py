@@ -180,15 +180,6 @@ def traced_events(thunks: list[Callable[[], object]]) -> list[tuple[int, str, in
     return kernels
 
 
-def timeline(thunks: list[Callable[[], object]]) -> list[dict]:
-    """Every GPU kernel the thunks run, in start order: ``start_us`` from the first kernel's start,
-    ``name`` and ``own_us`` (:func:`own_times`), for reading where a program's time goes; empty on a
-    CPU."""
-    events = sorted(traced_events(thunks))
-    return [dict(start_us=(start - events[0][0]) / 1e3, name=name, own_us=own * 1e6)
-            for (start, name, _), (_, own) in zip(events, own_times(events))]
-
-
 def _traced_kernels(thunks: list[Callable[[], object]]) -> list[tuple[str, float]]:
     """``(kernel name, seconds)`` of every GPU kernel the thunks run, in launch order, from one
     profiler trace: each kernel's time on the GPU (:func:`own_times`), without host dispatch or gaps."""
@@ -198,7 +189,7 @@ def _traced_kernels(thunks: list[Callable[[], object]]) -> list[tuple[str, float
 def _l2_flush(num_bytes: int) -> Callable[[], object]:
     """A thunk that reads ``num_bytes`` (and writes 1/256 of that): the L2 cache is left holding
     clean lines of its buffer only. A flush that wrote its buffer left the cache full of dirty
-    lines, whose write-back the next call paid for (``benchmarks/l2_flush_read_vs_write_h100.json``).
+    lines, whose write-back the next timed call would pay for.
     A kernel of its own name (``jspec_l2_flush``): :func:`interleaved_gpu_times` splits a trace at it,
     and XLA's name for a plain reduction is any reduction's."""
     from jax.experimental import pallas as pl
