@@ -11,6 +11,7 @@ from pathlib import Path as _Path
 
 from jspec import drafters, io
 from jspec.engine import generate, score
+from jspec.execution import Execution, Kernels, with_kernels
 from jspec.io import load_gguf, restore, save
 from jspec.kv import KVCache
 from jspec.models import forward, init_params  # dispatch on the model family
@@ -51,8 +52,10 @@ def load_hf_mtp(path, *, dtype=None):
 
 __all__ = [
     "Capture",
+    "Execution",
     "Gemma4Config",
     "KVCache",
+    "Kernels",
     "LlamaConfig",
     "Model",
     "SamplingParams",
@@ -72,4 +75,5 @@ __all__ = [
     "shard",
     "speculative_generate",
     "tensor_parallel_mesh",
+    "with_kernels",
 ]

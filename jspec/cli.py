@@ -28,11 +28,11 @@ IMPL_HELP = ("kernel choice: auto, pallas, xla or invariant, optionally with per
 
 
 def impl_choice(text: str) -> str:
-    """argparse type of ``--impl``: a valid ``impl`` string (``pallas_kernels`` dispatchers)."""
-    from pallas_kernels._dispatch import check_impl
+    """argparse type of ``--impl``: a valid ``impl`` string (``jspec.execution.Kernels``)."""
+    from jspec.execution import Kernels
 
     try:
-        check_impl(text, "skinny_matmul")
+        Kernels.parse(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text

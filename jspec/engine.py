@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.compile_options import LOOP_COMPILER_OPTIONS
+from jspec.execution import with_kernels
 from jspec.kv import KVCache
 from jspec.models import AnyModel as Model, forward
 from jspec.models.base import NO_CAPTURE, Capture
@@ -93,9 +94,7 @@ def is_eos(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
     return hit
 
 
-def prefill(
-    model: Model, tokens: jax.Array, prompt_lengths: jax.Array, kv: KVCache, *, capture: Capture = NO_CAPTURE, impl="auto"
-):
+def prefill(model: Model, tokens: jax.Array, prompt_lengths: jax.Array, kv: KVCache, *, capture: Capture = NO_CAPTURE):
     """Run right-padded prompts ``tokens [batch, width]`` into an empty cache.
 
     Only the last real row of each prompt gets the LM head. Returns (fp32 logits
@@ -103,7 +102,7 @@ def prefill(
     exactly ``prompt_lengths`` rows per sequence).
     """
     last_rows = (prompt_lengths - 1)[:, None]
-    logits, features, kv = forward(model, tokens, kv, capture=capture, logits_rows=last_rows, impl=impl)
+    logits, features, kv = forward(model, tokens, kv, capture=capture, logits_rows=last_rows)
     return logits[:, 0], features, kv.truncate(prompt_lengths)
 
 
@@ -121,12 +120,10 @@ class DecodeState:
     key: jax.Array
 
 
-def decode_step(model: Model, state: DecodeState, *, params: SamplingParams, eos_ids: tuple[int, ...], impl="auto"):
+def decode_step(model: Model, state: DecodeState, *, params: SamplingParams, eos_ids: tuple[int, ...]):
     """Feed ``last_token``, sample the next one. Finished sequences keep their output."""
     batch = state.last_token.shape[0]
-    logits, _, kv = forward(
-        model, state.last_token[:, None], state.kv, logits_rows=jnp.zeros((batch, 1), jnp.int32), impl=impl
-    )
+    logits, _, kv = forward(model, state.last_token[:, None], state.kv, logits_rows=jnp.zeros((batch, 1), jnp.int32))
     logits = logits[:, 0]
     key, sub = jax.random.split(state.key)
     token = sample(sub, logits, params)
@@ -143,17 +140,17 @@ def decode_step(model: Model, state: DecodeState, *, params: SamplingParams, eos
     )
 
 
-@functools.partial(jax.jit, static_argnames=("params", "eos_ids", "impl"), donate_argnames=("state",))
-def decode_step_jit(model, state, *, params, eos_ids=(), impl="auto"):
+@functools.partial(jax.jit, static_argnames=("params", "eos_ids"), donate_argnames=("state",))
+def decode_step_jit(model, state, *, params, eos_ids=()):
     """One donated decode step (for streaming and benchmarks); ``generate`` loops on device."""
-    return decode_step(model, state, params=params, eos_ids=eos_ids, impl=impl)
+    return decode_step(model, state, params=params, eos_ids=eos_ids)
 
 
-def start_decoding(model, tokens, prompt_lengths, key, *, params, eos_ids, output_width, max_len, impl="auto"):
+def start_decoding(model, tokens, prompt_lengths, key, *, params, eos_ids, output_width, max_len):
     """Prefill and sample the first new token; returns the initial ``DecodeState``."""
     batch = tokens.shape[0]
     kv = model.init_cache(batch, max_len)
-    logits, _, kv = prefill(model, tokens, prompt_lengths, kv, impl=impl)
+    logits, _, kv = prefill(model, tokens, prompt_lengths, kv)
     key, sub = jax.random.split(key)
     first = sample(sub, logits, params)
     return DecodeState(
@@ -172,27 +169,23 @@ def output_width(max_new_tokens: int) -> int:
     return bucket(max_new_tokens)
 
 
-@functools.partial(jax.jit, static_argnames=("params", "eos_ids", "output_width", "max_len", "impl"),
+@functools.partial(jax.jit, static_argnames=("params", "eos_ids", "output_width", "max_len"),
                    compiler_options=LOOP_COMPILER_OPTIONS)
-def generate_on_device(
-    model, tokens, prompt_lengths, key, max_new_tokens, *, params, eos_ids, output_width, max_len, impl="auto"
-):
+def generate_on_device(model, tokens, prompt_lengths, key, max_new_tokens, *, params, eos_ids, output_width, max_len):
     """Prefill, then decode in a ``lax.while_loop`` until every sequence is done.
 
     ``max_new_tokens`` is a traced scalar (<= ``output_width``). Returns the output buffer
     ``[batch, output_width]`` and the number of valid tokens per sequence ``[batch]``. Compiled
     with :data:`jspec.compile_options.LOOP_COMPILER_OPTIONS`.
     """
-    state = start_decoding(
-        model, tokens, prompt_lengths, key, params=params, eos_ids=eos_ids,
-        output_width=output_width, max_len=max_len, impl=impl,
-    )
+    state = start_decoding(model, tokens, prompt_lengths, key, params=params, eos_ids=eos_ids,
+                           output_width=output_width, max_len=max_len)
 
     def keep_going(s):
         return (s.step < max_new_tokens) & ~jnp.all(s.done)
 
     def step(s):
-        return decode_step(model, s, params=params, eos_ids=eos_ids, impl=impl)
+        return decode_step(model, s, params=params, eos_ids=eos_ids)
 
     state = jax.lax.while_loop(keep_going, step, state)
     return state.output, state.num_generated
@@ -208,7 +201,7 @@ def generate(
     top_p: float | None = None,
     eos_id=None,
     key: jax.Array | None = None,
-    impl: str = "auto",
+    impl: str | None = None,
 ) -> list[list[int]]:
     """Plain autoregressive generation for a ragged batch of prompts.
 
@@ -218,10 +211,12 @@ def generate(
         which is included in its output; ``eos_id`` may be an int or a list of ints).
       temperature, top_k, top_p: as in HF ``generate``; ``temperature=0`` is greedy.
       key: PRNG key for sampling (defaults to ``jax.random.key(0)``).
-      impl: kernel choice passed to the dispatchers ("auto", "pallas", "xla").
+      impl: the kernels to run (``"auto"``, ``"xla"``, ``"pallas"``, ``"invariant"``, optionally with
+        per-kernel exceptions such as ``"auto,skinny_matmul=xla"``); None keeps ``model.execution``'s.
 
     Returns the new tokens of each prompt. Raises ``ValueError`` on bad input before any compute.
     """
+    model = with_kernels(model, impl)
     c = model.config
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     prompts = validate_prompts(prompts, c.vocab_size, max_new_tokens, c.max_position_embeddings)
@@ -233,21 +228,23 @@ def generate(
     key = jax.random.key(0) if key is None else key
     output, counts = generate_on_device(
         model, jnp.asarray(tokens), jnp.asarray(lengths), key, jnp.int32(max_new_tokens),
-        params=params, eos_ids=eos_ids, output_width=output_width(max_new_tokens), max_len=max_len, impl=impl,
+        params=params, eos_ids=eos_ids, output_width=output_width(max_new_tokens), max_len=max_len,
     )
     output, counts = np.asarray(output), np.asarray(counts)
     return [output[b, : counts[b]].tolist() for b in range(len(prompts))]
 
 
-@functools.partial(jax.jit, static_argnames=("impl",))
-def _score_on_device(model, tokens, *, impl):
+@jax.jit
+def _score_on_device(model, tokens):
     kv = model.init_cache(tokens.shape[0], tokens.shape[1])
-    logits, _, _ = forward(model, tokens, kv, impl=impl)
+    logits, _, _ = forward(model, tokens, kv)
     return logits
 
 
-def score(model: Model, token_ids, *, impl: str = "auto") -> jax.Array:
-    """Full-sequence fp32 logits ``[batch, T, vocab]`` for equal-length rows ``token_ids [batch, T]``."""
+def score(model: Model, token_ids, *, impl: str | None = None) -> jax.Array:
+    """Full-sequence fp32 logits ``[batch, T, vocab]`` for equal-length rows ``token_ids [batch, T]``;
+    ``impl`` as for :func:`generate`."""
+    model = with_kernels(model, impl)
     c = model.config
     ids = np.asarray(token_ids)
     if ids.ndim != 2 or ids.shape[1] == 0 or ids.shape[0] == 0:
@@ -258,4 +255,4 @@ def score(model: Model, token_ids, *, impl: str = "auto") -> jax.Array:
         raise ValueError(f"token_ids has ids outside the vocabulary [0, {c.vocab_size})")
     if ids.shape[1] > c.max_position_embeddings:
         raise ValueError(f"T={ids.shape[1]} exceeds max_position_embeddings={c.max_position_embeddings}")
-    return _score_on_device(model, jnp.asarray(ids, jnp.int32), impl=impl)
+    return _score_on_device(model, jnp.asarray(ids, jnp.int32))

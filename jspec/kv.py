@@ -69,4 +69,10 @@ class KVCache:
         """Count ``num_rows`` (scalar or ``[batch]``) more rows as valid."""
         return dataclasses.replace(self, lengths=self.lengths + jnp.asarray(num_rows, jnp.int32))
 
+    def written(self, buffers, num_rows) -> KVCache:
+        """The cache after a forward wrote ``num_rows`` rows into ``buffers``: one ``(k, v)`` pair per
+        layer of this cache, in its order; lengths advanced by ``num_rows``."""
+        k, v = zip(*buffers)
+        return dataclasses.replace(self, k=tuple(k), v=tuple(v)).advance(num_rows)
+
 

@@ -25,6 +25,37 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 
+# How tensor parallelism splits a parameter, declared on its field (:func:`split`): by its output
+# columns (the last axis) or by its input rows (the first axis; an embedding table: its vocabulary).
+COLUMN, ROW = "column", "row"
+
+
+def split(how: str, **field_options) -> dataclasses.Field:
+    """A parameter field (``dataclasses.field``) declaring how ``jspec.shard`` splits it: :data:`COLUMN`
+    or :data:`ROW`; a field without a declaration is replicated."""
+    if how not in (COLUMN, ROW):
+        raise ValueError(f"split must be {COLUMN!r} or {ROW!r}, got {how!r}")
+    return dataclasses.field(metadata=dict(split=how), **field_options)
+
+
+def declared_split(tree, path) -> str | None:
+    """The split declared on the field that holds the leaf at ``path`` (``jax.tree_util`` keys) of
+    ``tree``: its last attribute's; None where it declares none."""
+    node, how = tree, None
+    for key in path:
+        if isinstance(key, jax.tree_util.GetAttrKey):
+            field = next((f for f in dataclasses.fields(node) if f.name == key.name), None)
+            how = None if field is None else field.metadata.get("split")
+            node = getattr(node, key.name)
+        elif isinstance(key, jax.tree_util.SequenceKey):
+            node = node[key.idx]
+        elif isinstance(key, jax.tree_util.DictKey):
+            node = node[key.key]
+        else:
+            raise TypeError(f"no split for a leaf under {key!r}")
+    return how
+
+
 @dataclasses.dataclass(frozen=True)
 class TensorParallel:
     """A placed model's mesh and its tensor-parallel axis (static, hashable)."""
@@ -136,7 +167,9 @@ def map_fused_layer(layer, columns: Mapping[str, tuple[int, ...]], convert):
 
 def plain_order(model):
     """A placed model (``jspec.shard``) with its fused weights back in their plain column order and
-    no ``tensor_parallel``: what a checkpoint stores; an unplaced model as it is."""
-    if model.tensor_parallel is None:
+    no placement: what a checkpoint stores; an unplaced model as it is."""
+    placement = model.execution.placement
+    if placement is None:
         return model
-    return dataclasses.replace(map_fused(model, model.tensor_parallel.deinterleave_columns), tensor_parallel=None)
+    plain = map_fused(model, placement.deinterleave_columns)
+    return dataclasses.replace(plain, execution=dataclasses.replace(model.execution, placement=None))

@@ -1,15 +1,16 @@
 """Tensor parallelism over a device mesh: parameters placed Megatron-style with ``jax.sharding``,
 the KV cache split over KV heads; XLA's SPMD partitioner inserts the collectives.
 
-``shard(tree, mesh)`` places every array of a model, a drafter or any pytree holding them:
+``shard(tree, mesh)`` places every array of a model, a drafter or any pytree holding them as its
+field declares (``jspec.parallel.split``):
 
 * column-split (the output axis over ``axis``): ``qkv`` (and ``qkv_bias``), ``gate_up``, ``lm_head``;
-* row-split (the input axis): ``o``, ``down``;
-* vocab-split: ``embed`` (the table's rows);
+* row-split (the input axis): ``o``, ``down``; an embedding table by its vocabulary rows;
 * everything else (norms, small heads' odd pieces) replicated, and so is any of the above whose
   split axis does not divide evenly over the mesh axis.
 
-A target model (Llama family or Gemma 4) also gets a :class:`jspec.parallel.TensorParallel`, so every
+A target model (Llama family or Gemma 4) also gets a :class:`jspec.parallel.TensorParallel` as the
+placement of its ``execution`` (``jspec.execution``), so every
 cache it makes (``init_cache``, inside ``generate`` and ``speculative_generate`` too) is split
 over KV heads, or replicated where its KV heads do not divide over the mesh axis. ``generate``,
 ``speculative_generate`` and ``forward`` then run unchanged: their jitted programs take the
@@ -35,12 +36,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jspec.models import gemma4, init_params, llama
-from jspec.parallel import TensorParallel, map_fused, map_fused_layer, plain_order
+from jspec.parallel import COLUMN, ROW, TensorParallel, declared_split, map_fused, map_fused_layer, plain_order
 
 TP_AXIS = "tp"
-COLUMN_SPLIT = frozenset({"qkv", "qkv_bias", "gate_up", "lm_head"})  # the last axis
-ROW_SPLIT = frozenset({"o", "down", "embed"})  # the first axis (embed: vocab rows)
 _MODELS = (llama.Model, gemma4.Model)
+_MODEL_OF = {llama.LlamaConfig: llama.Model, gemma4.Gemma4Config: gemma4.Model}
 
 
 def tensor_parallel_mesh(devices=None, *, axis: str = TP_AXIS) -> Mesh:
@@ -48,20 +48,22 @@ def tensor_parallel_mesh(devices=None, *, axis: str = TP_AXIS) -> Mesh:
     return Mesh(np.asarray(jax.devices() if devices is None else devices), (axis,))
 
 
-def param_spec(name: str, shape: tuple[int, ...], size: int, axis: str = TP_AXIS) -> PartitionSpec:
-    """The placement of a parameter called ``name`` (its field name) of ``shape`` on ``size`` devices."""
-    if name in COLUMN_SPLIT and shape and shape[-1] % size == 0:
+def param_spec(how: str | None, shape: tuple[int, ...], size: int, axis: str = TP_AXIS) -> PartitionSpec:
+    """The placement on ``size`` devices of a parameter of ``shape`` whose field declares the split
+    ``how`` (``jspec.parallel.COLUMN`` / ``ROW`` / None): replicated where the split axis does not
+    divide."""
+    if how == COLUMN and shape and shape[-1] % size == 0:
         return PartitionSpec(*([None] * (len(shape) - 1)), axis)
-    if name in ROW_SPLIT and len(shape) >= 2 and shape[0] % size == 0:
+    if how == ROW and len(shape) >= 2 and shape[0] % size == 0:
         return PartitionSpec(axis)
     return PartitionSpec()
 
 
 def placements(tree, mesh: Mesh, *, axis: str = TP_AXIS):
-    """The ``NamedSharding`` of every array (or ``ShapeDtypeStruct``) of ``tree`` by its field name."""
+    """The ``NamedSharding`` of every array (or ``ShapeDtypeStruct``) of ``tree``, as its field declares."""
     size = mesh.shape[axis]
     return jax.tree_util.tree_map_with_path(
-        lambda path, leaf: NamedSharding(mesh, param_spec(_field_name(path), leaf.shape, size, axis)), tree)
+        lambda path, leaf: NamedSharding(mesh, param_spec(declared_split(tree, path), leaf.shape, size, axis)), tree)
 
 
 def init_sharded(config, key, dtype, mesh: Mesh, *, axis: str = TP_AXIS, **init_kw):
@@ -74,12 +76,13 @@ def init_sharded(config, key, dtype, mesh: Mesh, *, axis: str = TP_AXIS, **init_
     scratch: one program for the whole of a 70B-shaped model needs more than each of two 80 GB GPUs
     holds, and XLA's rematerialisation cannot bring it under the limit."""
     parallel = TensorParallel(mesh, axis)
+    fields = {f.name: f.metadata.get("split") for f in dataclasses.fields(_MODEL_OF[type(config)])}
 
     def placed(fn, *, name=None, static_argnums=()):
         def make(*args):
             piece = fn(*args)
             shardings = (placements(piece, mesh, axis=axis) if name is None else
-                         NamedSharding(mesh, param_spec(name, piece.shape, parallel.size, axis)))
+                         NamedSharding(mesh, param_spec(fields[name], piece.shape, parallel.size, axis)))
             return jax.lax.with_sharding_constraint(piece, shardings)
 
         return jax.jit(make, static_argnums=static_argnums)
@@ -87,7 +90,7 @@ def init_sharded(config, key, dtype, mesh: Mesh, *, axis: str = TP_AXIS, **init_
     model = init_params(config, key, dtype=dtype, build=placed, **init_kw)
     layers = tuple(_device_major_layer(layer, tuple(model.fused_columns(index).items()), parallel)
                    for index, layer in enumerate(model.layers))
-    return dataclasses.replace(model, layers=layers, tensor_parallel=parallel)
+    return dataclasses.replace(model, layers=layers, execution=dataclasses.replace(model.execution, placement=parallel))
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2), donate_argnums=0)
@@ -99,11 +102,6 @@ def _device_major_layer(layer, columns, parallel: TensorParallel):
 def device_major(model, parallel: TensorParallel):
     """``model`` with its fused weights in ``parallel``'s device-major column order."""
     return map_fused(model, parallel.interleave_columns)
-
-
-def _field_name(path) -> str:
-    names = [key.name for key in path if isinstance(key, jax.tree_util.GetAttrKey)]
-    return names[-1] if names else ""
 
 
 def shard(tree, mesh: Mesh, *, axis: str = TP_AXIS):
@@ -119,7 +117,7 @@ def shard(tree, mesh: Mesh, *, axis: str = TP_AXIS):
             shardings = placements(plain, mesh, axis=axis)
             placed = jax.jit(functools.partial(device_major, parallel=parallel),
                              out_shardings=shardings)(jax.device_put(plain, shardings))
-            return dataclasses.replace(placed, tensor_parallel=parallel)
+            return dataclasses.replace(placed, execution=dataclasses.replace(placed.execution, placement=parallel))
         return jax.device_put(leaf, NamedSharding(mesh, PartitionSpec()))
 
     return jax.tree_util.tree_map(place_leaf, tree, is_leaf=lambda x: isinstance(x, _MODELS))

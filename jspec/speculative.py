@@ -24,6 +24,7 @@ from jspec import tree_verify, verify
 from jspec.compile_options import LOOP_COMPILER_OPTIONS
 from jspec.drafters.base import CommitContext, Drafter, PrefillContext, RoundContext
 from jspec.engine import cache_length, eos_tuple, is_eos, output_width, pad_prompts, prefill, validate_prompts
+from jspec.execution import with_kernels
 from jspec.kv import KVCache
 from jspec.models import AnyModel as Model, forward
 from jspec.sampling import SamplingParams, probabilities, sample
@@ -69,11 +70,11 @@ def _last_row_features(features, rows):
     return tuple(jnp.take_along_axis(f, rows[:, None, None], axis=1)[:, 0] for f in features)
 
 
-def start(target, drafter: Drafter, tokens, prompt_lengths, key, *, params, eos_ids, capacity, max_len, impl="auto"):
+def start(target, drafter: Drafter, tokens, prompt_lengths, key, *, params, eos_ids, capacity, max_len):
     """Target and draft prefill, first token sampled: the initial ``SpecState``."""
     batch, width = tokens.shape
     kv = target.init_cache(batch, max_len)
-    logits, features, kv = prefill(target, tokens, prompt_lengths, kv, capture=drafter.capture, impl=impl)
+    logits, features, kv = prefill(target, tokens, prompt_lengths, kv, capture=drafter.capture)
     key, sub = jax.random.split(key)
     first = sample(sub, logits, params)
     draft_state = drafter.prefill(PrefillContext(tokens, prompt_lengths, features, first), max_len=max_len)
@@ -96,7 +97,7 @@ def start(target, drafter: Drafter, tokens, prompt_lengths, key, *, params, eos_
 
 def speculative_round(
     target: Model, drafter: Drafter, state: SpecState, *, num_draft_tokens, params, eos_ids, max_new_tokens,
-    tree: TreeShape | None = None, impl="auto", acceptance=None,
+    tree: TreeShape | None = None, acceptance=None,
 ) -> SpecState:
     """One round: propose drafts (a chain of ``num_draft_tokens``, or a ``tree``), verify them in one
     target forward, accept, commit.
@@ -117,8 +118,7 @@ def speculative_round(
             state.draft_state, ctx, num_draft_tokens=num_draft_tokens, params=params, key=draft_key
         )
         verify_tokens = jnp.concatenate([state.root[:, None], draft_tokens], axis=1)  # [batch, k+1]
-        logits, features, target_kv = forward(target, verify_tokens, state.target_kv, capture=drafter.capture,
-                                              impl=impl)
+        logits, features, target_kv = forward(target, verify_tokens, state.target_kv, capture=drafter.capture)
         if acceptance is not None:
             num_accepted, next_token = acceptance(accept_key, logits, draft_tokens, state.rounds)
         elif params.greedy:
@@ -132,7 +132,7 @@ def speculative_round(
         draft_tree, draft_state = drafter.propose_tree(state.draft_state, ctx, shape=tree, params=params,
                                                        key=draft_key)
         logits, features, target_kv = forward(target, draft_tree.tokens, state.target_kv, capture=drafter.capture,
-                                              tree_mask=draft_tree.mask, impl=impl)
+                                              tree_mask=draft_tree.mask)
         if params.greedy:
             path, num_accepted, next_token = tree_verify.greedy(
                 logits, draft_tree.tokens, draft_tree.parents, depth=tree.max_path)
@@ -143,19 +143,21 @@ def speculative_round(
         target_kv = target_kv.move_rows(base, path)
         verify_tokens = jnp.take_along_axis(draft_tree.tokens, path, axis=1)  # [batch, depth+1]
         features = tuple(jnp.take_along_axis(f, path[:, :, None], axis=1) for f in features)
-    return _accept(state, drafter, key, verify_tokens, num_accepted, next_token, features, target_kv, draft_state,
-                   path, eos_ids=eos_ids, max_new_tokens=max_new_tokens)
+    verified = CommitContext(base, verify_tokens, num_accepted, next_token, features, path)
+    return _accept(state, drafter, verified, target_kv, draft_state, key, eos_ids=eos_ids,
+                   max_new_tokens=max_new_tokens)
 
 
-def _accept(state, drafter, key, verify_tokens, num_accepted, next_token, features, target_kv, draft_state, path, *,
-            eos_ids, max_new_tokens) -> SpecState:
+def _accept(state, drafter, verified: CommitContext, target_kv, draft_state, key, *, eos_ids,
+            max_new_tokens) -> SpecState:
     """Emit the accepted drafts and the next token, commit them to both caches: the part of a round
-    after verification. ``verify_tokens [batch, m+1]``: the root and the drafts along the verified
-    chain (a tree's path), ``features`` the target's captures of those rows, ``path [batch, m+1]``
-    the path's tree node ids (None for a chain)."""
-    k = verify_tokens.shape[1] - 1
-    base = state.target_kv.lengths
-    draft_tokens = verify_tokens[:, 1:]
+    after verification. ``verified`` is what the drafter's ``commit`` gets too: ``verify_tokens
+    [batch, m+1]`` the root and the drafts along the verified chain (a tree's path), ``features`` the
+    target's captures of those rows, ``path [batch, m+1]`` the path's tree node ids (None for a chain)."""
+    num_accepted, next_token = verified.num_accepted, verified.next_token
+    k = verified.verify_tokens.shape[1] - 1
+    base = verified.base_lengths
+    draft_tokens = verified.verify_tokens[:, 1:]
     # Emit d_1..d_a then next_token, cut at the first EOS and at max_new_tokens.
     live = ~state.done
     emitted = jnp.concatenate([draft_tokens, next_token[:, None]], axis=1)  # [batch, k+1]
@@ -176,9 +178,7 @@ def _accept(state, drafter, key, verify_tokens, num_accepted, next_token, featur
 
     committed = jnp.where(live, num_accepted + 1, 0)  # root + accepted drafts enter the cache
     target_kv = target_kv.truncate(base + committed)
-    draft_state = drafter.commit(
-        draft_state, CommitContext(base, verify_tokens, num_accepted, next_token, features, path)
-    )
+    draft_state = drafter.commit(draft_state, verified)
     num_generated = state.num_generated + num_emitted
     done = state.done | (live & (first_eos <= num_accepted)) | (num_generated >= max_new_tokens)
     return SpecState(
@@ -187,7 +187,7 @@ def _accept(state, drafter, key, verify_tokens, num_accepted, next_token, featur
         history=history,
         prompt_lengths=state.prompt_lengths,
         num_generated=num_generated,
-        features=_last_row_features(features, num_accepted),
+        features=_last_row_features(verified.features, num_accepted),
         done=done,
         key=key,
         rounds=state.rounds + live,
@@ -196,12 +196,12 @@ def _accept(state, drafter, key, verify_tokens, num_accepted, next_token, featur
 
 
 @functools.partial(
-    jax.jit, static_argnames=("params", "eos_ids", "num_draft_tokens", "capacity", "max_len", "tree", "impl"),
+    jax.jit, static_argnames=("params", "eos_ids", "num_draft_tokens", "capacity", "max_len", "tree"),
     compiler_options=LOOP_COMPILER_OPTIONS,
 )
 def speculative_on_device(
     target, drafter, tokens, prompt_lengths, key, max_new_tokens, *,
-    params, eos_ids, num_draft_tokens, capacity, max_len, tree=None, impl="auto", acceptance=None,
+    params, eos_ids, num_draft_tokens, capacity, max_len, tree=None, acceptance=None,
 ):
     """Prefill, then speculation rounds in a ``lax.while_loop`` until every sequence is done.
 
@@ -211,14 +211,14 @@ def speculative_on_device(
     """
     state = start(
         target, drafter, tokens, prompt_lengths, key,
-        params=params, eos_ids=eos_ids, capacity=capacity, max_len=max_len, impl=impl,
+        params=params, eos_ids=eos_ids, capacity=capacity, max_len=max_len,
     )
     state = dataclasses.replace(state, done=state.done | (max_new_tokens <= 1))
 
     def round_(s):
         return speculative_round(
             target, drafter, s, num_draft_tokens=num_draft_tokens, params=params,
-            eos_ids=eos_ids, max_new_tokens=max_new_tokens, tree=tree, impl=impl, acceptance=acceptance,
+            eos_ids=eos_ids, max_new_tokens=max_new_tokens, tree=tree, acceptance=acceptance,
         )
 
     state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), round_, state)
@@ -239,7 +239,7 @@ def speculative_generate(
     top_p: float | None = None,
     eos_id=None,
     key: jax.Array | None = None,
-    impl: str = "auto",
+    impl: str | None = None,
 ) -> SpecResult:
     """Speculative decoding for a ragged batch; same outputs as ``jspec.generate``.
 
@@ -249,8 +249,11 @@ def speculative_generate(
     ``num_draft_tokens`` (k) drafts are verified per round: a chain of k with ``topk=1`` (the
     default), else a tree (EAGLE-2: ``depth`` levels, the ``topk`` best children of the ``topk``
     best nodes of each level, the k best nodes by cumulative draft log-probability kept; the
-    drafter must implement ``propose_tree``). Raises ``ValueError`` on bad input.
+    drafter must implement ``propose_tree``). ``impl``: the kernels of the target and, through
+    ``bind``, of the drafter (as for ``jspec.generate``); None keeps ``target.execution``'s.
+    Raises ``ValueError`` on bad input, before any compute.
     """
+    target = with_kernels(target, impl)
     c = target.config
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, (int, np.integer)) or num_draft_tokens < 1:
@@ -260,8 +263,7 @@ def speculative_generate(
     tree = tree_shape(topk, depth, num_draft_tokens)
     if tree is not None and not hasattr(drafter, "propose_tree"):
         raise ValueError(f"topk={topk}: {type(drafter).__name__} drafts chains only (topk=1)")
-    drafter.check_compatible(target)
-    drafter = drafter.bind(target)
+    drafter = drafter.bind(target)  # checks compatibility first
     prompts = validate_prompts(prompts, c.vocab_size, max_new_tokens, c.max_position_embeddings)
     longest = max(len(p) for p in prompts) + max_new_tokens
     # A verify writes k+1 rows after the last committed token, so positions run up to k past the end.
@@ -285,7 +287,7 @@ def speculative_generate(
     history, num_generated, rounds, accepted = speculative_on_device(
         target, drafter, jnp.asarray(tokens), jnp.asarray(lengths), key, jnp.int32(max_new_tokens),
         params=params, eos_ids=eos_ids, num_draft_tokens=num_draft_tokens, capacity=capacity, max_len=capacity,
-        tree=tree, impl=impl,
+        tree=tree,
     )
     history, num_generated = np.asarray(history), np.asarray(num_generated)
     rounds, accepted = np.asarray(rounds), np.asarray(accepted)

@@ -21,6 +21,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jspec.step import mask_depths
+
 # step_fn(carry, tokens [batch, topk], parent_slot [batch, topk], level) -> (logprobs [batch, topk, vocab], carry)
 StepFn = Callable[[Any, jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
 
@@ -60,8 +62,7 @@ class DraftTree:
 
         eye = jnp.broadcast_to(jnp.eye(width, dtype=bool), (batch, width, width))
         mask = jax.lax.fori_loop(1, width, close, eye)
-        depths = jnp.sum(mask, axis=-1, dtype=jnp.int32) - 1
-        return cls(tokens=jnp.asarray(tokens, jnp.int32), parents=parents, depths=depths, mask=mask)
+        return cls(tokens=jnp.asarray(tokens, jnp.int32), parents=parents, depths=mask_depths(mask), mask=mask)
 
 
 def feed_level(fed_mask: jax.Array, parent_slot: jax.Array, level, topk: int) -> tuple[jax.Array, jax.Array]:

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels._dispatch import check_impl, on_gpu
+from pallas_kernels.dispatch import check_impl, on_gpu
 from pallas_kernels.flash_decoding import _effective_tail_mask, decode_attention_pallas
 from pallas_kernels.invariant_attention import decode_attention_invariant
 from pallas_kernels.split_kv import _MASK_VALUE

@@ -34,7 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import pdl
-from pallas_kernels._dispatch import interpret_mode
+from pallas_kernels.dispatch import interpret_mode
 from pallas_kernels.decode_tiling import tiling
 from pallas_kernels.split_kv import (
     _MASK_VALUE,

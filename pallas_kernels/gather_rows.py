@@ -28,7 +28,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import pdl
-from pallas_kernels._dispatch import check_impl, interpret_mode, on_gpu
+from pallas_kernels.dispatch import check_impl, interpret_mode, on_gpu
 from pallas_kernels.split_kv import _next_pow2
 
 _MAX_CHUNK = 4096

@@ -38,7 +38,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import pdl
-from pallas_kernels._dispatch import interpret_mode
+from pallas_kernels.dispatch import interpret_mode
 from pallas_kernels.split_kv import _MASK_VALUE, _next_pow2
 
 BLOCK_M = 16  # rows of every M tile: the smallest 16-bit tensor-core dot

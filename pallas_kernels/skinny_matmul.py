@@ -48,7 +48,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import pdl
-from pallas_kernels._dispatch import check_impl, interpret_mode, on_gpu
+from pallas_kernels.dispatch import check_impl, interpret_mode, on_gpu
 from pallas_kernels.skinny_tilings import (  # noqa: F401 (re-exported: the tilings are part of this kernel's API)
     _TUNED, INVARIANT_BLOCK_M, SkinnyConfig, _m_bucket, _pow2_at_least, default_config, gated_config, invariant_config,
 )

@@ -56,7 +56,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels._dispatch import interpret_mode
+from pallas_kernels.dispatch import interpret_mode
 from pallas_kernels.split_kv import _MASK_VALUE
 from pallas_kernels.wide_head_merge import merge_splits
 from pallas_kernels.wide_head_tiling import (COLUMNS, ROWS, SMEM_BYTES, default_block_kv, default_share_scores,

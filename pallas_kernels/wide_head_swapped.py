@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels._dispatch import interpret_mode
+from pallas_kernels.dispatch import interpret_mode
 from pallas_kernels.split_kv import _MASK_VALUE
 from pallas_kernels.wide_head_decode import (accumulate, copy_queries, online_softmax, query_rows,
                                              zero_rows_past_length)

@@ -161,9 +161,8 @@ def _load(args):
     if "eagle3" in names and not (args.head or SHIPPED_HEAD).is_dir():
         raise ValueError(f"--head {args.head or SHIPPED_HEAD} is not an EAGLE-3 head directory")
     make = dict(ngram=lambda: NGram(max_ngram=args.max_ngram),
-                **{"draft-model": lambda: DraftModel(draft, impl=args.impl)},
-                eagle3=lambda: Eagle3.load(args.head or SHIPPED_HEAD, dtype=jnp.dtype(args.dtype),
-                                           impl=args.impl).bind(target))
+                **{"draft-model": lambda: DraftModel(draft)},
+                eagle3=lambda: Eagle3.load(args.head or SHIPPED_HEAD, dtype=jnp.dtype(args.dtype)).bind(target))
     drafters = {name: make[name]() for name in dict.fromkeys(names)}
     # Everything decoding would refuse is refused here, before plain decoding computes.
     jspec.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)

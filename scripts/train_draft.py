@@ -146,25 +146,26 @@ def new_drafter(kind, target, d2t, key, dtype):
 
     from jspec.drafters import MTP, Eagle3, Eagle3Config, eagle3, init_eagle3_head, init_mtp_head, mtp
 
+    from jspec.execution import with_kernels
+
     c = target.config
+    target = with_kernels(target, "xla")  # the kernels have no gradients
     if kind == "mtp":
-        return MTP(init_mtp_head(c, key, dtype), impl="xla").bind(target), mtp.save_head
+        return MTP(init_mtp_head(c, key, dtype)).bind(target), mtp.save_head
     layer = dataclasses.replace(c, num_layers=1, tie_word_embeddings=False)
     config = Eagle3Config(layer=layer, draft_vocab_size=d2t.shape[0], target_hidden_size=c.hidden_size)
     head = dataclasses.replace(init_eagle3_head(config, key, dtype), d2t=d2t if d2t.shape[0] < c.vocab_size else None)
-    return Eagle3(head, impl="xla").bind(target), eagle3.save_head
+    return Eagle3(head).bind(target), eagle3.save_head
 
 
 def held_out_acceptance(target, drafter, tokenizer, args) -> float:
     """Mean acceptance length (greedy) on the benchmark's held-out prompts, 64 new tokens."""
-    import dataclasses
-
     import jspec
     from jspec.bench.accept import prompt_ids, prompt_set
 
     prompts = [prompt_ids(tokenizer, p) for p in prompt_set()[: args.eval_prompts]]
-    result = jspec.speculative_generate(target, dataclasses.replace(drafter, impl="auto"), prompts, 64,
-                                        num_draft_tokens=args.eval_k)
+    # Bound again to the target on its own kernels (training binds it to xla ones).
+    result = jspec.speculative_generate(target, drafter, prompts, 64, num_draft_tokens=args.eval_k)
     return float(result.stats["mean_acceptance_length"].mean())
 
 

@@ -5,15 +5,20 @@ as intended."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from jspec.sharding import param_spec, shard, tensor_parallel_mesh
+from jspec.parallel import COLUMN, ROW, split
+from jspec.sharding import param_spec, placements, shard, tensor_parallel_mesh
+from tests.tiny import tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
 FORCED_DEVICES = "--xla_force_host_platform_device_count=4"
@@ -33,10 +38,35 @@ def test_on_four_devices(check):
 
 def test_param_specs_follow_megatron_and_fall_back_to_replication():
     spec = jax.sharding.PartitionSpec
-    assert param_spec("qkv", (64, 128), 4) == spec(None, "tp") and param_spec("qkv_bias", (128,), 4) == spec("tp")
-    assert param_spec("down", (96, 64), 4) == spec("tp") and param_spec("embed", (128, 64), 4) == spec("tp")
-    assert param_spec("embed", (97, 64), 4) == spec()  # the vocabulary does not divide: replicated
-    assert param_spec("attn_norm", (64,), 4) == spec() and param_spec("lm_head", (64, 97), 4) == spec()
+    assert param_spec(COLUMN, (64, 128), 4) == spec(None, "tp") and param_spec(COLUMN, (128,), 4) == spec("tp")
+    assert param_spec(ROW, (96, 64), 4) == spec("tp")
+    assert param_spec(ROW, (97, 64), 4) == spec()  # a vocabulary that does not divide: replicated
+    assert param_spec(None, (64,), 4) == spec() and param_spec(COLUMN, (64, 97), 4) == spec()
+
+
+def test_placement_is_what_each_field_declares_not_its_name():
+    """The Megatron split comes from the parameter's field (``jspec.parallel.split``): a new field
+    called ``o`` or ``embed`` elsewhere is replicated, and every split the models declare is read."""
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass(frozen=True)
+    class Other:
+        o: jax.Array
+        embed: jax.Array
+        table: jax.Array = split(ROW)
+
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("tp",))  # one device: every split divides
+    ones = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    placed = placements(Other(ones, ones, ones), mesh)
+    assert placed.o.spec == placed.embed.spec == jax.sharding.PartitionSpec()
+    assert placed.table.spec == jax.sharding.PartitionSpec("tp")
+    model = jax.eval_shape(lambda: tiny_model(0, qkv_bias=True))
+    specs = placements(model, mesh)
+    layer = specs.layers[0]
+    assert [getattr(layer, name).spec for name in ("qkv", "qkv_bias", "gate_up")] == [
+        jax.sharding.PartitionSpec(None, "tp"), jax.sharding.PartitionSpec("tp"), jax.sharding.PartitionSpec(None, "tp")]
+    assert layer.o.spec == layer.down.spec == specs.embed.spec == jax.sharding.PartitionSpec("tp")
+    assert layer.attn_norm.spec == specs.final_norm.spec == jax.sharding.PartitionSpec()
 
 
 def test_a_mesh_without_the_axis_is_refused():

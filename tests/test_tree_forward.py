@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jspec.execution import with_kernels
 from jspec.models import forward
 from tests.tiny import tiny_gemma4, tiny_model
 
@@ -36,23 +37,24 @@ def _mask(parents):
 @pytest.mark.parametrize("family", ["llama", "gemma4"])
 def test_tree_rows_match_their_chains(family):
     model = tiny_model(3, qk_norm=True) if family == "llama" else tiny_gemma4(4, sliding_window=4)
+    model = with_kernels(model, "xla")
     vocab = model.config.vocab_size
     rng = np.random.default_rng(0)
     prefix_lengths = np.array([7, 3])
     prompt = jnp.asarray(rng.integers(0, vocab, size=(2, 7)), jnp.int32)
     tokens = jnp.asarray(rng.integers(0, vocab, size=PARENTS.shape), jnp.int32)
     kv = model.init_cache(2, 32)
-    _, _, kv = forward(model, prompt, kv, compute_logits=False, impl="xla")
+    _, _, kv = forward(model, prompt, kv, compute_logits=False)
     kv = kv.truncate(jnp.asarray(prefix_lengths, jnp.int32))
 
-    logits, _, tree_kv = jax.jit(lambda t, m, kv: forward(model, t, kv, tree_mask=m, impl="xla"))(
+    logits, _, tree_kv = jax.jit(lambda t, m, kv: forward(model, t, kv, tree_mask=m))(
         tokens, jnp.asarray(_mask(PARENTS)), kv)
     assert np.array_equal(np.asarray(tree_kv.lengths), prefix_lengths + PARENTS.shape[1])
     for b in range(2):
         for i, path in enumerate(_paths(PARENTS[b])):
             chain = tokens[b : b + 1, np.array(path)]
             one = jax.tree.map(lambda x: x[b : b + 1] if x.ndim else x, kv)
-            chain_logits, _, chain_kv = forward(model, chain, one, impl="xla")
+            chain_logits, _, chain_kv = forward(model, chain, one)
             np.testing.assert_allclose(logits[b, i], chain_logits[0, -1], atol=2e-5, rtol=2e-5)
             # The node's K/V row (written at prefix + i) is the one its chain writes at prefix + depth.
             row, chain_row = prefix_lengths[b] + i, prefix_lengths[b] + len(path) - 1

@@ -53,7 +53,7 @@ def _all_rows(drafter, kv, base, tokens, features):
 def layer_unsliced(drafter, kv, base, tokens, features, last):
     """All rows through the whole layer, then the kept row is gathered and the head run on it."""
     x, kv = _all_rows(drafter, kv, base, tokens, features)
-    hidden = gather_rows(x, last, impl=drafter.impl)
+    hidden = gather_rows(x, last, impl=drafter.execution.kernels)
     return kv.truncate(base + last + 1), hidden, drafter.head_logits(hidden)
 
 

@@ -22,6 +22,7 @@ from jspec.bench.flags import common, subcommand
 from jspec.bench.presets import GREEDY, abstract_target, is_tiny, preset_names
 from jspec.bench.timing import Timing
 from jspec.drafters import DraftModel
+from jspec.execution import with_kernels
 
 
 def compile_seconds(target, drafter, context, k, impl) -> tuple[float, float]:
@@ -30,10 +31,12 @@ def compile_seconds(target, drafter, context, k, impl) -> tuple[float, float]:
     tokens = jax.ShapeDtypeStruct((1, context), jnp.int32)
     lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
     capacity = engine.cache_length(context, context + 256)
+    target = with_kernels(target, impl)
+    drafter = drafter.bind(target)
     start = time.perf_counter()
     traced = speculative.speculative_on_device.trace(
         target, drafter, tokens, lengths, jax.random.key(0), jnp.int32(128), params=GREEDY, eos_ids=(),
-        num_draft_tokens=k, capacity=capacity, max_len=capacity, impl=impl,
+        num_draft_tokens=k, capacity=capacity, max_len=capacity,
     )
     lowered = traced.lower()
     lower_s = time.perf_counter() - start
@@ -44,7 +47,7 @@ def compile_seconds(target, drafter, context, k, impl) -> tuple[float, float]:
 def run(args):
     dtype = jnp.dtype(args.dtype)
     target = abstract_target(args.target, dtype)
-    drafter = DraftModel(abstract_target(args.draft, dtype), impl=args.impl)
+    drafter = DraftModel(abstract_target(args.draft, dtype))
     env = report.environment(dtype, args.seed, weights="none (abstract shapes)")
     rows = []
     for k in tqdm([1] + args.k, desc="k"):  # k=1 first: a warm-up for one-time compiler set-up

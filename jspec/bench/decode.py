@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from tqdm.auto import tqdm
 
 from jspec import engine
+from jspec.execution import with_kernels
 from jspec.bench import plots, report
 from jspec.bench.flags import add_tp, common, mesh_of, subcommand, tree_arg
 from jspec.bench.presets import GREEDY, is_tiny, load_target, preset_names, random_prompts, weights_note
@@ -36,16 +37,15 @@ NOTES = ("ms_per_token: generate's on-device while loop, (T(n) - T(1)) / (n - 1)
          "while loop; verify_ms: wall time of that verify forward (all logits)")
 
 
-_start_decoding = jax.jit(engine.start_decoding,
-                          static_argnames=("params", "eos_ids", "output_width", "max_len", "impl"))
+_start_decoding = jax.jit(engine.start_decoding, static_argnames=("params", "eos_ids", "output_width", "max_len"))
 
 
 def decode_state(model, batch, context, max_len, impl, seed=0):
     """A plain decode state after the prefill of random prompts of ``context`` tokens."""
     tokens = random_prompts(batch, context, model.config.vocab_size, seed)
     lengths = jnp.full((batch,), context, jnp.int32)
-    return _start_decoding(model, tokens, lengths, jax.random.key(seed), params=GREEDY, eos_ids=(), output_width=16,
-                           max_len=max_len, impl=impl)
+    return _start_decoding(with_kernels(model, impl), tokens, lengths, jax.random.key(seed), params=GREEDY,
+                           eos_ids=(), output_width=16, max_len=max_len)
 
 
 def verify_pass(capture, impl):
@@ -55,7 +55,7 @@ def verify_pass(capture, impl):
     no round pays.)"""
 
     def run(target, tokens, kv, tree_mask=None):
-        logits, _, new_kv = forward(target, tokens, kv, capture=capture, impl=impl, tree_mask=tree_mask)
+        logits, _, new_kv = forward(with_kernels(target, impl), tokens, kv, capture=capture, tree_mask=tree_mask)
         return logits, new_kv.truncate(kv.lengths)
 
     return jax.jit(run, donate_argnums=2)
@@ -102,8 +102,8 @@ def plain_loop(model, batch, context, new_tokens, impl, seed=0):
 
     def run(n):
         return engine.generate_on_device(
-            model, tokens, lengths, jax.random.key(0), jnp.int32(n), params=GREEDY, eos_ids=(),
-            output_width=width, max_len=max_len, impl=impl,
+            with_kernels(model, impl), tokens, lengths, jax.random.key(0), jnp.int32(n), params=GREEDY, eos_ids=(),
+            output_width=width, max_len=max_len,
         )
 
     return run, width

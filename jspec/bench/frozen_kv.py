@@ -43,6 +43,7 @@ from jspec.bench.spec import end_to_end
 from jspec.bench.timing import time_fn
 from jspec.drafters import FrozenKVMTP, assistant_config, init_assistant
 from jspec.drafters.base import RoundContext
+from jspec.execution import with_kernels
 from jspec.tree import TreeShape
 
 # Assistant shapes per target preset (heads: a multiple of the target's KV heads of either type).
@@ -56,13 +57,13 @@ SGLANG_ACCEPTANCE = ["5:4.48", "6:4.48", "3:2.54"]
 
 def make_drafter(target, target_name, *, path, dtype, seed, impl) -> FrozenKVMTP:
     if path:
-        return FrozenKVMTP.load(path, dtype=dtype, impl=impl).bind(target)
+        return FrozenKVMTP.load(path, dtype=dtype).bind(with_kernels(target, impl))
     if target_name not in ASSISTANTS:
         raise SystemExit(f"no assistant shape for {target_name!r}: pass --assistant PATH "
                          f"(shapes for {sorted(ASSISTANTS)})")
     config = assistant_config(target.config, num_layers=4, **ASSISTANTS[target_name])
     assistant = jax.jit(init_assistant, static_argnums=(0, 2))(config, jax.random.key(seed + 1), dtype)
-    return FrozenKVMTP(assistant, impl=impl).bind(target)
+    return FrozenKVMTP(assistant).bind(with_kernels(target, impl))
 
 
 def alpha_for(k: int, length: float) -> float:

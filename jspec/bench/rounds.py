@@ -22,15 +22,15 @@ from jspec.bench.roofline import propose_bytes, round_roofline_ratio
 from jspec.bench.timing import compile_all, time_fn, time_steps
 from jspec.compile_options import LOOP_COMPILER_OPTIONS
 from jspec.drafters.base import RoundContext
+from jspec.execution import with_kernels
 
 NO_LIMIT = 1 << 30  # max_new_tokens of a timed round: never reached
 PROPOSES_IN_LOOP = 16  # the long run of the in-loop propose timing; the short one is a single propose
 
 
 # One jitted prefill for every k: the initial state does not depend on k.
-_start = jax.jit(speculative.start, static_argnames=("params", "eos_ids", "capacity", "max_len", "impl"))
-_round = jax.jit(speculative.speculative_round,
-                 static_argnames=("num_draft_tokens", "params", "eos_ids", "tree", "impl"),
+_start = jax.jit(speculative.start, static_argnames=("params", "eos_ids", "capacity", "max_len"))
+_round = jax.jit(speculative.speculative_round, static_argnames=("num_draft_tokens", "params", "eos_ids", "tree"),
                  donate_argnames=("state",))
 
 
@@ -38,8 +38,9 @@ def spec_state(target, drafter, batch, context, capacity, impl, seed=0):
     """The speculation state after the prefill of random prompts of ``context`` tokens."""
     tokens = random_prompts(batch, context, target.config.vocab_size, seed)
     lengths = jnp.full((batch,), context, jnp.int32)
-    return _start(target, drafter, tokens, lengths, jax.random.key(seed), params=GREEDY, eos_ids=(),
-                  capacity=capacity, max_len=capacity, impl=impl)
+    target = with_kernels(target, impl)
+    return _start(target, drafter.bind(target), tokens, lengths, jax.random.key(seed), params=GREEDY, eos_ids=(),
+                  capacity=capacity, max_len=capacity)
 
 
 def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repeats, warmup=3, stages_k=(),
@@ -52,15 +53,17 @@ def measure_rounds(target, drafter, batch, context, ks, *, capacity, impl, repea
     same run, the fraction of it that the propose streams them at."""
     if not ks and not trees:
         return []
+    target = with_kernels(target, impl)
+    drafter = drafter.bind(target)
     shapes = {k: None for k in ks} | {tree: tree for tree in trees}
     fresh = lambda: spec_state(target, drafter, batch, context, capacity, impl)  # noqa: E731
     abstract = jax.eval_shape(fresh)
     limit = jnp.int32(NO_LIMIT)
     compiled = compile_all({key: _round.lower(target, drafter, abstract, params=GREEDY, eos_ids=(),
                                               num_draft_tokens=key if tree is None else tree.num_nodes, tree=tree,
-                                              max_new_tokens=limit, impl=impl)
+                                              max_new_tokens=limit)
                             for key, tree in shapes.items()}, compile_threads)
-    step = lambda s: engine.decode_step_jit(target, s, params=GREEDY, eos_ids=(), impl=impl)  # noqa: E731
+    step = lambda s: engine.decode_step_jit(target, s, params=GREEDY, eos_ids=())  # noqa: E731
     plain = decode.decode_state(target, batch, context, capacity, impl)
     decode_timing = time_steps(step, plain, warmup=warmup, repeats=repeats)[0]
     decode_s = decode_timing.median_s

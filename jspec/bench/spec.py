@@ -53,6 +53,7 @@ from jspec.bench.roofline import copy_bandwidth, round_roofline_ratio
 from jspec.bench.rounds import PROPOSES_IN_LOOP, measure_rounds
 from jspec.bench.timing import time_fn
 from jspec.drafters import MTP, DraftModel, Eagle3, Eagle3Config, NGram, init_eagle3_head, init_mtp_head
+from jspec.execution import with_kernels
 from jspec.policy import choose_for_batch, round_costs_by_batch
 
 DRAFTERS = ("draft-model", "self", "ngram", "eagle3", "mtp")
@@ -99,21 +100,23 @@ def eagle3_drafter(target, dtype, key, impl="auto") -> Eagle3:
                           target_hidden_size=target.config.hidden_size,
                           aux_layers=None if depth >= 5 else (0, depth // 2, depth - 1))
     head = jax.jit(init_eagle3_head, static_argnums=(0, 2))(config, key, dtype)
-    return Eagle3(head, impl=impl).bind(target)
+    return Eagle3(head).bind(with_kernels(target, impl))
 
 
 def make_drafter(kind, target, *, draft, dtype, seed, impl):
+    """A drafter of ``kind`` bound to ``target`` on the kernels ``impl``."""
+    target = with_kernels(target, impl)
     if kind == "draft-model":
-        return DraftModel(load_target(draft, dtype, seed + 1), impl=impl)
+        return DraftModel(load_target(draft, dtype, seed + 1)).bind(target)
     if kind == "self":
-        return DraftModel(target, impl=impl)
+        return DraftModel(target).bind(target)
     if kind == "ngram":
         return NGram()
     key = jax.random.key(seed + 1)
     if kind == "eagle3":
         return eagle3_drafter(target, dtype, key, impl)
     if kind == "mtp":
-        return MTP(jax.jit(init_mtp_head, static_argnums=(0, 2))(target.config, key, dtype), impl=impl).bind(target)
+        return MTP(jax.jit(init_mtp_head, static_argnums=(0, 2))(target.config, key, dtype)).bind(target)
     raise SystemExit(f"unknown drafter {kind!r}")
 
 
@@ -122,6 +125,8 @@ def end_to_end(target, drafter, batch, args, tags, round_rows=()) -> list[dict]:
     each k of ``args.k_end_to_end`` (``policy``: chosen from ``round_rows``, this run's round rows at
     ``batch``; see :func:`end_to_end_ks`). At k = 0 one decodes plainly: the row has the plain speed."""
     n, context, vocab = args.new_tokens, args.context, target.config.vocab_size
+    target = with_kernels(target, args.impl)
+    drafter = drafter.bind(target)
     ks_by_alpha = {alpha: end_to_end_ks(args, round_rows, batch, alpha) for alpha in args.alpha}
     plain, width = decode.plain_loop(target, batch, context, n, args.impl, seed=1)
     t1, tn = time_fn(lambda: plain(1), repeats=args.repeats), time_fn(lambda: plain(n), repeats=args.repeats)
@@ -146,7 +151,7 @@ def end_to_end(target, drafter, batch, args, tags, round_rows=()) -> list[dict]:
                 continue
             spec = lambda m, k=k: speculative.speculative_on_device(  # noqa: E731
                 target, drafter, prompts, lengths, jax.random.key(0), jnp.int32(m), params=GREEDY, eos_ids=(),
-                num_draft_tokens=k, capacity=capacity, max_len=capacity, impl=args.impl, acceptance=acceptance,
+                num_draft_tokens=k, capacity=capacity, max_len=capacity, acceptance=acceptance,
             )
             s1, sn = time_fn(lambda: spec(1), repeats=args.repeats), time_fn(lambda: spec(n), repeats=args.repeats)
             _, _, rounds, accepted = spec(n)

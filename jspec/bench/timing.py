@@ -195,7 +195,7 @@ def _l2_flush(num_bytes: int) -> Callable[[], object]:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
-    from pallas_kernels._dispatch import interpret_mode
+    from pallas_kernels.dispatch import interpret_mode
 
     rows, columns = 256, 1024  # 1 MiB a program, read 8 rows at a time
     programs = max(1, num_bytes // (rows * columns * 4))

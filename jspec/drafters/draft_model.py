@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from jspec import io
 from jspec.drafters.base import CommitContext, PrefillContext, RoundContext
+from jspec.execution import with_kernels
 from jspec.kv import KVCache
 from jspec.models import AnyModel, forward
 from jspec.models.base import NO_CAPTURE, Capture
@@ -26,15 +27,14 @@ from jspec.tree import TreeShape, expand, feed_level
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DraftModel:
-    """Draft with a smaller ``Model`` (API); ``impl`` picks the kernels of its forward."""
+    """Draft with a smaller ``Model`` (API); ``bind`` gives it the target's kernels."""
 
     model: AnyModel
-    impl: str = dataclasses.field(default="auto", metadata=dict(static=True))
 
     @classmethod
-    def load(cls, path, *, dtype=None, impl: str = "auto") -> DraftModel:
+    def load(cls, path, *, dtype=None) -> DraftModel:
         """A draft model from an HF checkpoint directory (as ``jspec.load_hf``)."""
-        return cls(io.load_hf(path, dtype=dtype), impl=impl)
+        return cls(io.load_hf(path, dtype=dtype))
 
     @property
     def capture(self) -> Capture:
@@ -48,31 +48,27 @@ class DraftModel:
 
     def bind(self, target: AnyModel) -> DraftModel:
         self.check_compatible(target)
-        return self
+        return DraftModel(with_kernels(self.model, target.execution.kernels))
 
     def max_positions(self) -> int:
         return self.model.config.max_position_embeddings
 
     def prefill(self, ctx: PrefillContext, *, max_len: int) -> KVCache:
         kv = self.model.init_cache(ctx.tokens.shape[0], max_len)
-        _, _, kv = forward(self.model, ctx.tokens, kv, compute_logits=False, impl=self.impl)
+        _, _, kv = forward(self.model, ctx.tokens, kv, compute_logits=False)
         return kv.truncate(ctx.prompt_lengths - 1)
 
     def propose(self, kv: KVCache, ctx: RoundContext, *, num_draft_tokens: int, params: SamplingParams, key):
         last_committed = jnp.take_along_axis(ctx.history, (ctx.lengths - 1)[:, None], axis=1)
         seed = jnp.concatenate([last_committed, ctx.root[:, None]], axis=1)  # [batch, 2] at lengths-1, lengths
-        logits, _, kv = forward(
-            self.model, seed, kv, logits_rows=jnp.ones_like(seed[:, :1]), impl=self.impl
-        )
+        logits, _, kv = forward(self.model, seed, kv, logits_rows=jnp.ones_like(seed[:, :1]))
         logits = logits[:, 0]
         keys = jax.random.split(key, num_draft_tokens)
         first = sample(keys[0], logits, params)
 
         def step(carry, step_key):
             kv, token = carry
-            step_logits, _, kv = forward(
-                self.model, token[:, None], kv, logits_rows=jnp.zeros_like(token)[:, None], impl=self.impl
-            )
+            step_logits, _, kv = forward(self.model, token[:, None], kv, logits_rows=jnp.zeros_like(token)[:, None])
             return (kv, sample(step_key, step_logits[:, 0], params)), (token, step_logits[:, 0])
 
         # Steps 1..k-1 each feed the previous draft; d_k itself is never fed.
@@ -94,7 +90,7 @@ class DraftModel:
         del params, key  # tree drafts are the deterministic top-k children, whatever the sampling
         last_committed = jnp.take_along_axis(ctx.history, (ctx.lengths - 1)[:, None], axis=1)
         seed = jnp.concatenate([last_committed, ctx.root[:, None]], axis=1)  # [batch, 2] at lengths-1, lengths
-        logits, _, kv = forward(self.model, seed, kv, logits_rows=jnp.ones_like(seed[:, :1]), impl=self.impl)
+        logits, _, kv = forward(self.model, seed, kv, logits_rows=jnp.ones_like(seed[:, :1]))
         batch, num_fed, topk = seed.shape[0], shape.fed_rows, shape.topk
         after_root = kv.lengths  # lengths + 1
 
@@ -105,7 +101,7 @@ class DraftModel:
             rows = first + jnp.arange(topk, dtype=jnp.int32)  # this level's fed rows
             # Rows not fed yet see only themselves: their outputs are never read.
             level_logits, _, kv = forward(self.model, fed_tokens, kv.truncate(after_root), tree_mask=fed_mask,
-                                          logits_rows=jnp.broadcast_to(rows, (batch, topk)), impl=self.impl)
+                                          logits_rows=jnp.broadcast_to(rows, (batch, topk)))
             return jax.nn.log_softmax(level_logits, axis=-1), (kv, fed_tokens, fed_mask)
 
         carry = (kv, jnp.zeros((batch, num_fed), jnp.int32), jnp.broadcast_to(jnp.eye(num_fed, dtype=bool),

@@ -31,6 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.drafters.hidden_state import HiddenStateDrafter, require_llama_target
+from jspec.execution import DEFAULT, Execution
+from jspec.parallel import COLUMN, ROW, split
 from jspec.io.orbax import atomic_directory
 from jspec.io.safetensors import TensorReader, check_tensors, checkpoint_dtype, read_json, tensor_files
 from jspec.layers import linear, rms_norm
@@ -64,9 +66,9 @@ class Eagle3Head:
     hidden_norm: jax.Array  # [H]   midlayer.hidden_norm (on fc output / recycled hidden)
     layer: Layer  # attn_norm = midlayer.input_layernorm (on the embedding); qkv [2H, q + 2kv]
     norm: jax.Array  # [H]
-    lm_head: jax.Array  # [H, V_d]
+    lm_head: jax.Array = split(COLUMN)  # [H, V_d]
     d2t: jax.Array | None  # [V_d] int32 offsets: target id = i + d2t[i]; None when V_d == V
-    embed: jax.Array | None  # [V, H] own embedding, None = the target's
+    embed: jax.Array | None = split(ROW)  # [V, H] own embedding, None = the target's
     fc_bias: jax.Array | None = None  # [H]
     fc_norm: tuple[jax.Array, ...] | None = None  # SpecForge fc_norm: one [H_t] norm per chunk
     config: Eagle3Config = dataclasses.field(default=None, metadata=dict(static=True))
@@ -83,23 +85,29 @@ class Eagle3(HiddenStateDrafter):
     ``speculative_generate``) attaches the target's embedding and resolves the captured layers."""
 
     head: Eagle3Head
-    embed: jax.Array | None = None  # the target's table, set by bind when the head has none
+    embed: jax.Array | None = split(ROW, default=None)  # the target's table, set by bind when the head has none
     aux_layers: tuple[int, ...] | None = dataclasses.field(default=None, metadata=dict(static=True))
-    impl: str = dataclasses.field(default="auto", metadata=dict(static=True))
+    # The target's kernels, set by bind (one impl= for target and drafter); never a placement.
+    execution: Execution = dataclasses.field(default=DEFAULT, metadata=dict(static=True))
 
     @classmethod
-    def load(cls, path, *, dtype=None, impl: str = "auto") -> Eagle3:
+    def load(cls, path, *, dtype=None) -> Eagle3:
         """The drafter from an EAGLE-3 head directory (see the module docstring)."""
-        return cls(load_head(path, dtype=dtype), impl=impl)
+        return cls(load_head(path, dtype=dtype))
 
     # --- protocol ---------------------------------------------------------------------
 
+    def captured_layers(self, num_layers: int | None = None) -> tuple[int, ...]:
+        """The target layers whose inputs the head reads: the drafter's own setting, else the head's
+        config, else the published default for a target of ``num_layers`` layers."""
+        layers = self.aux_layers or self.head.config.aux_layers
+        if layers is None and num_layers is None:
+            raise ValueError("Eagle3: the captured target layers depend on the target's depth; call drafter.bind(target)")
+        return tuple(layers or default_aux_layers(num_layers))
+
     @property
     def capture(self) -> Capture:
-        layers = self.aux_layers if self.aux_layers is not None else self.head.config.aux_layers
-        if layers is None:
-            raise ValueError("Eagle3: the captured target layers depend on the target's depth; call drafter.bind(target)")
-        return Capture(residuals=tuple(layers))
+        return Capture(residuals=self.captured_layers())
 
     def max_positions(self) -> None:
         return None  # positions are the target's; RoPE has no hard limit
@@ -109,7 +117,7 @@ class Eagle3(HiddenStateDrafter):
         hc, tc = self.head.config, target.config
         if hc.layer.vocab_size != tc.vocab_size:
             raise ValueError(f"EAGLE-3 head vocab_size {hc.layer.vocab_size} != target vocab_size {tc.vocab_size}")
-        layers = self.aux_layers or hc.aux_layers or default_aux_layers(tc.num_layers)
+        layers = self.captured_layers(tc.num_layers)
         bad = [i for i in layers if not 0 <= i < tc.num_layers]
         if bad:
             raise ValueError(
@@ -130,19 +138,20 @@ class Eagle3(HiddenStateDrafter):
 
     def bind(self, target: Model) -> Eagle3:
         self.check_compatible(target)
-        layers = self.aux_layers or self.head.config.aux_layers or default_aux_layers(target.config.num_layers)
         return dataclasses.replace(
-            self, embed=None if self.head.embed is not None else target.embed, aux_layers=tuple(layers)
+            self, embed=None if self.head.embed is not None else target.embed,
+            aux_layers=self.captured_layers(target.config.num_layers),
+            execution=Execution(target.execution.kernels),
         )
 
     # --- HiddenStateDrafter hooks -----------------------------------------------------
 
     @property
-    def _layer(self) -> Layer:
+    def layer(self) -> Layer:
         return self.head.layer
 
     @property
-    def _layer_config(self) -> LlamaConfig:
+    def layer_config(self) -> LlamaConfig:
         return self.head.config.layer
 
     def _embedding(self):
@@ -153,35 +162,35 @@ class Eagle3(HiddenStateDrafter):
 
     def fc(self, g):
         """``[..., num_aux * H_t]`` target features -> ``[..., H]``."""
-        head, eps = self.head, self._layer_config.rms_norm_eps
+        head, eps = self.head, self.layer_config.rms_norm_eps
         g = g.astype(head.fc.dtype)
         if head.fc_norm is not None:
             chunks = jnp.split(g, len(head.fc_norm), axis=-1)
-            g = jnp.concatenate([rms_norm(x, w, eps, impl=self.impl) for x, w in zip(chunks, head.fc_norm)], axis=-1)
-        return linear(g, head.fc, head.fc_bias, impl=self.impl)
+            g = jnp.concatenate([rms_norm(x, w, eps, self.execution) for x, w in zip(chunks, head.fc_norm)], axis=-1)
+        return linear(g, head.fc, head.fc_bias, self.execution)
 
-    def _layer_inputs(self, tokens, g, from_target: bool):
-        eps = self._layer_config.rms_norm_eps
+    def layer_inputs(self, tokens, g, from_target: bool):
+        eps = self.layer_config.rms_norm_eps
         e = self._embedding()[tokens].astype(self.head.norm.dtype)
         h = self.fc(g) if from_target else g
-        attn_in = jnp.concatenate([rms_norm(e, self.head.layer.attn_norm, eps, impl=self.impl),
-                                   rms_norm(h, self.head.hidden_norm, eps, impl=self.impl)], -1)
+        attn_in = jnp.concatenate([rms_norm(e, self.head.layer.attn_norm, eps, self.execution),
+                                   rms_norm(h, self.head.hidden_norm, eps, self.execution)], -1)
         return h, attn_in
 
-    def _recycle(self, x):
+    def recycle(self, x):
         return x
 
     def head_logits(self, x):
-        h = rms_norm(x, self.head.norm, self._layer_config.rms_norm_eps, impl=self.impl)
-        return linear(h, self.head.lm_head, impl=self.impl).astype(jnp.float32)
+        h = rms_norm(x, self.head.norm, self.layer_config.rms_norm_eps, self.execution)
+        return linear(h, self.head.lm_head, None, self.execution).astype(jnp.float32)
 
-    def _to_target(self, ids):
+    def to_target(self, ids):
         return ids if self.head.d2t is None else ids + self.head.d2t[ids]
 
-    def _draft_vocab_to_target(self, logits):
+    def draft_vocab_to_target(self, logits):
         if self.head.d2t is None:
             return logits
-        vocab = self._layer_config.vocab_size
+        vocab = self.layer_config.vocab_size
         hot = jnp.arange(logits.shape[-1], dtype=jnp.int32) + self.head.d2t
         full = jnp.full(logits.shape[:-1] + (vocab,), -jnp.inf, logits.dtype)
         return full.at[..., hot].set(logits)

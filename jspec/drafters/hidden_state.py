@@ -3,8 +3,8 @@
 Both are one attention layer with its own KV cache, fed with the pair (token at ``j+1``,
 hidden at ``j``) at draft row ``j`` (REFERENCE §5 pairing rule), drafting by recycling their
 own hidden state. A subclass defines how a row's token and hidden become the layer's
-residual and attention input (``_layer_inputs``), what hidden the next step recycles
-(``_recycle``), the head (``_logits``) and the map from draft to target vocabulary.
+residual and attention input (``layer_inputs``), what hidden the next step recycles
+(``recycle``), the head (``head_logits``) and the map from draft to target vocabulary.
 
 Draft state (``HeadState``): the draft KV (``lengths`` = rows written with *target*
 features, equal to the target's committed length) and ``hidden``: the layer output
@@ -28,6 +28,7 @@ features, equal to the target's committed length) and ``hidden``: the layer outp
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 
 import jax
@@ -37,8 +38,8 @@ from jspec.drafters.base import CommitContext, PrefillContext, RoundContext
 from jspec.kv import KVCache
 from jspec.models import llama
 from jspec.models.llama import LlamaConfig, decoder_layer
-from jspec.rope import rope_cos_sin
 from jspec.sampling import SamplingParams, probabilities, sample
+from jspec.step import Step, row_positions
 from jspec.tree import DraftTree, TreeShape, expand, feed_level
 
 
@@ -67,14 +68,46 @@ def require_llama_target(target, drafter: str) -> None:
         )
 
 
-class HiddenStateDrafter:
-    """Mixin: prefill / propose / propose_tree / commit for a one-layer head over target features.
+class HiddenStateDrafter(abc.ABC):
+    """Base of the one-layer heads over target features: prefill / propose / propose_tree / commit
+    written once. A subclass (a registered pytree dataclass with an ``execution`` field, set by
+    ``bind``) says what its layer is and how rows enter and leave it (the abstract members below).
+    Shapes: ``B`` sequences, ``T`` rows, ``H`` the head's width, ``F`` the target features' width."""
 
-    A subclass (a registered pytree dataclass) provides ``impl``, ``_layer``, ``_layer_config``,
-    ``_layer_inputs(tokens, g, from_target)``, ``_recycle(x)``, ``head_logits(x)`` (fp32, draft
-    vocab), ``_to_target(ids)``, ``_draft_vocab_to_target(logits)`` and ``target_features(features)``
-    (the captured target features -> the ``g`` its layer reads).
-    """
+    @property
+    @abc.abstractmethod
+    def layer(self) -> llama.Layer:
+        """The head's decoder layer (Llama form, its own KV cache)."""
+
+    @property
+    @abc.abstractmethod
+    def layer_config(self) -> LlamaConfig:
+        """The config the layer runs with (widths, RoPE, norm eps, the draft vocabulary)."""
+
+    @abc.abstractmethod
+    def layer_inputs(self, tokens, g, from_target: bool):
+        """``(residual [B, T, H], attention input [B, T, in] or None)`` for rows of ``tokens [B, T]``
+        and hidden ``g [B, T, F]`` (target features when ``from_target``, else recycled hidden)."""
+
+    @abc.abstractmethod
+    def recycle(self, x):
+        """What a draft step feeds the next one as its hidden, from the layer output ``x [..., H]``."""
+
+    @abc.abstractmethod
+    def head_logits(self, x):
+        """fp32 logits over the draft vocabulary ``[..., V_d]`` for layer outputs ``x [..., H]``."""
+
+    @abc.abstractmethod
+    def to_target(self, ids):
+        """Draft-vocabulary ids -> target ids (identity without a reduced vocabulary)."""
+
+    @abc.abstractmethod
+    def draft_vocab_to_target(self, logits):
+        """``[..., V_d]`` logits -> ``[..., V]`` over the target vocabulary, -inf off the draft vocabulary."""
+
+    @abc.abstractmethod
+    def target_features(self, features):
+        """The captured target features (``capture``'s order) -> the ``g [B, T, F]`` the layer reads."""
 
     # --- the layer over rows ----------------------------------------------------------
 
@@ -87,23 +120,16 @@ class HiddenStateDrafter:
         cached rows and to the rows the mask shows them, and sit at ``kv.lengths`` plus the rows
         they see, minus one (a causal mask gives the chain's positions).
         """
-        c: LlamaConfig = self._layer_config
-        batch, num_rows = tokens.shape
-        if tree_mask is None:
-            positions = kv.lengths[:, None] + jnp.arange(num_rows, dtype=jnp.int32)[None, :]
-        else:
-            positions = kv.lengths[:, None] + jnp.sum(tree_mask, axis=-1, dtype=jnp.int32) - 1
-        cos, sin = rope_cos_sin(positions, jnp.asarray(c.rope_inv_freq()), kv.k[0].dtype)
-        resid, attn_in = self._layer_inputs(tokens, g, from_target)
-        x, k_buf, v_buf = decoder_layer(
-            self._layer, c, resid, kv.k[0], kv.v[0], kv.lengths, positions, cos, sin,
-            attn_input=attn_in, keep_rows=keep_rows, tree_mask=tree_mask, impl=self.impl,
-        )
-        kv = KVCache(k=(k_buf,), v=(v_buf,), lengths=kv.lengths + num_rows)
-        return (x[:, 0] if keep_rows is not None else x), kv
+        c: LlamaConfig = self.layer_config
+        num_rows = tokens.shape[1]
+        step = Step.make(row_positions(kv.lengths, num_rows, tree_mask), kv.lengths + num_rows, c.rope_inv_freq(),
+                         kv.k[0].dtype, self.execution, tree_mask=tree_mask, keep_rows=keep_rows)
+        resid, attn_in = self.layer_inputs(tokens, g, from_target)
+        x, cache = decoder_layer(self.layer, c, resid, (kv.k[0], kv.v[0]), step, attn_input=attn_in)
+        return (x[:, 0] if keep_rows is not None else x), kv.written([cache], num_rows)
 
-    def _init_kv(self, batch: int, max_len: int, dtype) -> KVCache:
-        c = self._layer_config
+    def init_kv(self, batch: int, max_len: int, dtype) -> KVCache:
+        c = self.layer_config
         return KVCache.zeros(1, batch, c.num_kv_heads, max_len, c.head_dim, dtype)
 
     def catch_up(self, kv: KVCache, base, tokens, features, last_row) -> HeadState:
@@ -121,7 +147,7 @@ class HiddenStateDrafter:
 
     def prefill(self, ctx: PrefillContext, *, max_len: int) -> HeadState:
         batch, width = ctx.tokens.shape
-        kv = self._init_kv(batch, max_len, self._layer.o.dtype)
+        kv = self.init_kv(batch, max_len, self.layer.o.dtype)
         last = ctx.prompt_lengths - 1
         shifted = jnp.concatenate([ctx.tokens[:, 1:], jnp.zeros((batch, 1), ctx.tokens.dtype)], axis=1)
         tokens = jnp.where(jnp.arange(width)[None, :] == last[:, None], ctx.next_token[:, None], shifted)
@@ -133,14 +159,14 @@ class HiddenStateDrafter:
         def draw(step_key, x):
             logits = self.head_logits(x)  # [B, V_draft] fp32
             if params.greedy:
-                return self._to_target(jnp.argmax(logits, axis=-1).astype(jnp.int32)), None
-            full = self._draft_vocab_to_target(logits)  # [B, V] with -inf off the draft vocab
+                return self.to_target(jnp.argmax(logits, axis=-1).astype(jnp.int32)), None
+            full = self.draft_vocab_to_target(logits)  # [B, V] with -inf off the draft vocab
             return sample(step_key, full, params), probabilities(full, params)
 
         def step(carry, step_key):
             kv, x = carry
             token, probs = draw(step_key, x)
-            x_next, kv = self.run_rows(kv, token[:, None], self._recycle(x)[:, None], from_target=False)
+            x_next, kv = self.run_rows(kv, token[:, None], self.recycle(x)[:, None], from_target=False)
             return (kv, x_next[:, 0]), (token, probs)
 
         # Unrolled: one layer a step and a handful of steps, so the copies cost little compile time,
@@ -158,7 +184,7 @@ class HiddenStateDrafter:
     def log_probs(self, x):
         """fp32 log-probabilities over the *target* vocabulary ``[..., V]`` of layer outputs
         ``x [..., H]`` (``-inf`` off the draft vocabulary)."""
-        return jax.nn.log_softmax(self._draft_vocab_to_target(self.head_logits(x)), axis=-1)
+        return jax.nn.log_softmax(self.draft_vocab_to_target(self.head_logits(x)), axis=-1)
 
     def propose_tree(
         self, dstate: HeadState, ctx: RoundContext, *, shape: TreeShape, params: SamplingParams, key
@@ -185,13 +211,13 @@ class HiddenStateDrafter:
             fed_mask, first = feed_level(fed_mask, parent_slot, level, topk)
             parent_x = jnp.take_along_axis(frontier_x, parent_slot[:, :, None], axis=1)  # [batch, topk, H]
             fed_tokens = jax.lax.dynamic_update_slice_in_dim(fed_tokens, tokens, first, axis=1)
-            fed_hidden = jax.lax.dynamic_update_slice_in_dim(fed_hidden, self._recycle(parent_x), first, axis=1)
+            fed_hidden = jax.lax.dynamic_update_slice_in_dim(fed_hidden, self.recycle(parent_x), first, axis=1)
             x, kv = self.run_rows(kv.truncate(committed), fed_tokens, fed_hidden, from_target=False,
                                   tree_mask=fed_mask)
             frontier_x = jax.lax.dynamic_slice_in_dim(x, first, topk, axis=1)
             return self.log_probs(frontier_x), (kv, fed_tokens, fed_hidden, fed_mask, frontier_x)
 
-        recycled = jax.eval_shape(self._recycle, dstate.hidden)  # [batch, H], what a fed row reads as its hidden
+        recycled = jax.eval_shape(self.recycle, dstate.hidden)  # [batch, H], what a fed row reads as its hidden
         carry = (
             dstate.kv,
             jnp.zeros((batch, num_fed), jnp.int32),

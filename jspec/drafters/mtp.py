@@ -46,6 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.drafters.hidden_state import HiddenStateDrafter, require_llama_target
+from jspec.execution import DEFAULT, Execution
+from jspec.parallel import COLUMN, ROW, split
 from jspec.io.orbax import atomic_directory
 from jspec.io.safetensors import TensorReader, check_tensors, checkpoint_dtype, read_json, tensor_files
 from jspec.layers import linear, rms_norm
@@ -81,11 +83,12 @@ class MTP(HiddenStateDrafter):
     """MTP drafter (API): ``MTP(head, input_hidden=..., recycled_hidden=...)``."""
 
     head: MTPHead
-    embed: jax.Array | None = None  # the target's, set by bind
-    lm_head: jax.Array | None = None  # the target's ([H, V]); None with embed set = tied
+    embed: jax.Array | None = split(ROW, default=None)  # the target's, set by bind
+    lm_head: jax.Array | None = split(COLUMN, default=None)  # the target's ([H, V]); None with embed set = tied
     input_hidden: str = dataclasses.field(default="post_norm", metadata=dict(static=True))
     recycled_hidden: str = dataclasses.field(default="post_norm", metadata=dict(static=True))
-    impl: str = dataclasses.field(default="auto", metadata=dict(static=True))
+    # The target's kernels, set by bind (one impl= for target and drafter); never a placement.
+    execution: Execution = dataclasses.field(default=DEFAULT, metadata=dict(static=True))
 
     def __post_init__(self):
         for name in ("input_hidden", "recycled_hidden"):
@@ -95,7 +98,7 @@ class MTP(HiddenStateDrafter):
     @classmethod
     def load(cls, path, *, dtype=None, **options) -> MTP:
         """The drafter from the MTP layer stored in the target checkpoint directory ``path``;
-        ``options``: ``input_hidden``, ``recycled_hidden``, ``impl``."""
+        ``options``: ``input_hidden``, ``recycled_hidden``."""
         return cls(load_head(path, dtype=dtype), **options)
 
     # --- protocol ---------------------------------------------------------------------
@@ -121,41 +124,42 @@ class MTP(HiddenStateDrafter):
 
     def bind(self, target: Model) -> MTP:
         self.check_compatible(target)
-        return dataclasses.replace(self, embed=target.embed, lm_head=target.lm_head)
+        return dataclasses.replace(self, embed=target.embed, lm_head=target.lm_head,
+                                   execution=Execution(target.execution.kernels))
 
     # --- HiddenStateDrafter hooks -----------------------------------------------------
 
     @property
-    def _layer(self) -> Layer:
+    def layer(self) -> Layer:
         return self.head.layer
 
     @property
-    def _layer_config(self) -> LlamaConfig:
+    def layer_config(self) -> LlamaConfig:
         return self.head.config
 
-    def _layer_inputs(self, tokens, g, from_target: bool):
+    def layer_inputs(self, tokens, g, from_target: bool):
         if self.embed is None:
             raise ValueError("MTP: call drafter.bind(target) first (it shares the target's embedding and LM head)")
         eps, head = self.head.config.rms_norm_eps, self.head
         e = self.embed[tokens].astype(head.norm.dtype)
         g = g.astype(head.norm.dtype)
-        normed = [rms_norm(e, head.enorm, eps, impl=self.impl), rms_norm(g, head.hnorm, eps, impl=self.impl)]
-        x = linear(jnp.concatenate(normed, -1), head.eh_proj, impl=self.impl)
+        normed = [rms_norm(e, head.enorm, eps, self.execution), rms_norm(g, head.hnorm, eps, self.execution)]
+        x = linear(jnp.concatenate(normed, -1), head.eh_proj, None, self.execution)
         return x, None
 
-    def _recycle(self, x):
+    def recycle(self, x):
         if self.recycled_hidden == "pre_norm":
             return x
-        return rms_norm(x, self.head.norm, self.head.config.rms_norm_eps, impl=self.impl)
+        return rms_norm(x, self.head.norm, self.head.config.rms_norm_eps, self.execution)
 
     def head_logits(self, x):
-        h = rms_norm(x, self.head.norm, self.head.config.rms_norm_eps, impl=self.impl)
-        return lm_head(self.embed, self.lm_head, h, impl=self.impl)
+        h = rms_norm(x, self.head.norm, self.head.config.rms_norm_eps, self.execution)
+        return lm_head(self.embed, self.lm_head, h, self.execution)
 
-    def _to_target(self, ids):
+    def to_target(self, ids):
         return ids
 
-    def _draft_vocab_to_target(self, logits):
+    def draft_vocab_to_target(self, logits):
         return logits
 
     def target_features(self, features):

@@ -21,9 +21,7 @@ AnyConfig = llama.LlamaConfig | gemma4.Gemma4Config
 
 
 @functools.singledispatch
-def forward(
-    model, tokens, kv, *, capture=NO_CAPTURE, logits_rows=None, compute_logits=True, impl="auto", tree_mask=None
-):
+def forward(model, tokens, kv, *, capture=NO_CAPTURE, logits_rows=None, compute_logits=True, tree_mask=None):
     """``(logits, features, kv)`` for ``tokens [batch, T]``: the contract of
     ``jspec.models.base``, implemented by each family's ``forward``."""
     raise TypeError(f"no forward registered for {type(model).__name__}")

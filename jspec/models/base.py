@@ -2,8 +2,9 @@
 random initialisation used by tests and benchmarks.
 
 Every family's ``forward(model, tokens [batch, T], kv, *, capture, logits_rows, compute_logits,
-impl, tree_mask) -> (logits, features, kv)`` runs ``tokens`` at positions ``kv.lengths[b] + 0..T-1``,
-writes their K/V and advances ``kv.lengths`` by ``T``:
+tree_mask) -> (logits, features, kv)`` runs ``tokens`` at positions ``kv.lengths[b] + 0..T-1`` with
+the kernels and placement of ``model.execution`` (``jspec.execution``), writes their K/V and
+advances ``kv.lengths`` by ``T``:
 
 * ``logits``: fp32, ``[batch, T, vocab]`` when ``logits_rows`` is None, ``[batch, n, vocab]`` for
   ``logits_rows [batch, n]`` (indices into T: only those rows get the final norm and LM head), or
@@ -22,9 +23,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from jspec.execution import DEFAULT, Execution
 from jspec.layers import linear
 from pallas_kernels import skinny_matmul
-from pallas_kernels._dispatch import check_impl
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,37 +56,31 @@ class Capture:
 NO_CAPTURE = Capture()
 
 
-def token_positions(
-    tokens: jax.Array, kv, capture: Capture, logits_rows: jax.Array | None, num_layers: int, tree_mask=None
-):
-    """Positions ``[batch, T]`` of ``tokens [batch, T]`` after the cached rows (a tree's rows at
-    their depths), once the arguments of a forward are checked (statically: ``capture`` against
-    the depth, ``logits_rows`` None or ``[batch, n]``, ``tree_mask`` None or ``[batch, T, T]``)."""
+def check_forward_args(tokens: jax.Array, capture: Capture, logits_rows, num_layers: int, tree_mask=None) -> None:
+    """The static checks of a forward's arguments: ``capture`` against the depth, ``logits_rows``
+    None or ``[batch, n]``, ``tree_mask`` None or ``[batch, T, T]``."""
     batch, num_rows = tokens.shape
     capture.check(num_layers)
     if logits_rows is not None and (logits_rows.ndim != 2 or logits_rows.shape[0] != batch):
         raise ValueError(f"logits_rows must be [batch={batch}, n] row indices, got shape {logits_rows.shape}")
-    if tree_mask is None:
-        return kv.lengths[:, None] + jnp.arange(num_rows, dtype=jnp.int32)[None, :]
-    if tree_mask.shape != (batch, num_rows, num_rows):
+    if tree_mask is not None and tree_mask.shape != (batch, num_rows, num_rows):
         raise ValueError(f"tree_mask must be [batch={batch}, T={num_rows}, T={num_rows}], got shape {tree_mask.shape}")
-    return kv.lengths[:, None] + jnp.sum(tree_mask, axis=-1, dtype=jnp.int32) - 1
 
 
-def lm_head(embed: jax.Array, head: jax.Array | None, h: jax.Array, *, impl: str = "auto",
-            parallel=None) -> jax.Array:
+def lm_head(embed: jax.Array, head: jax.Array | None, h: jax.Array, ex: Execution = DEFAULT) -> jax.Array:
     """Logits in fp32 for normed hidden rows ``h [..., hidden]`` -> ``[..., vocab]``; ``head
-    [hidden, vocab]``, or None when tied to ``embed [vocab, hidden]``. ``parallel``: a placed
-    model's ``jspec.parallel.TensorParallel`` (an untied head then runs column-split per device)."""
-    if head is None and check_impl(impl, "skinny_matmul") == "invariant":
+    [hidden, vocab]``, or None when tied to ``embed [vocab, hidden]``. On a placed model
+    (``ex.placement``) an untied head runs column-split per device."""
+    if head is None and ex.mode("skinny_matmul") == "invariant":
         # The row-invariant kernel reads the table as stored ([vocab, hidden]), never a transposed copy.
-        matmul = functools.partial(skinny_matmul, impl=impl, w_transposed=True)
-        logits = matmul(h, embed) if parallel is None else parallel.column(matmul, h, embed, w_transposed=True)
+        matmul = functools.partial(skinny_matmul, impl=ex.kernels, w_transposed=True)
+        placement = ex.placement
+        logits = matmul(h, embed) if placement is None else placement.column(matmul, h, embed, w_transposed=True)
         return logits.astype(jnp.float32)
     if head is None:
         # Tied: contract against the embedding table as stored, no transposed copy.
         return jnp.einsum("...h,vh->...v", h, embed, preferred_element_type=jnp.float32)
-    return linear(h, head, impl=impl, parallel=parallel, split="column").astype(jnp.float32)
+    return linear(h, head, None, ex, split="column").astype(jnp.float32)
 
 
 def as_is(fn, *, name=None, static_argnums=()):

@@ -85,7 +85,7 @@ def step_logits(drafter, tokens, features, anchors, *, steps: int):
     batch, width = tokens.shape
     # Step 0 over every row: (token at r + 1, feature at r) -- prefill's and commit's catch-up.
     inputs = jnp.concatenate([tokens[:, 1:], jnp.zeros((batch, 1), tokens.dtype)], axis=1)
-    kv = drafter._init_kv(batch, width + steps, drafter._layer.o.dtype)
+    kv = drafter.init_kv(batch, width + steps, drafter.layer.o.dtype)
     x, kv = drafter.run_rows(kv, inputs, drafter.target_features(features), from_target=True)
     # Later steps: each anchor a sequence of its own, its cache the step-0 rows 0..anchor, one row
     # per step as propose feeds it.
@@ -95,7 +95,7 @@ def step_logits(drafter, tokens, features, anchors, *, steps: int):
     hidden, later = x[seq, anchor], []
     for j in range(1, steps):
         fed = jnp.take_along_axis(tokens[seq], jnp.minimum(anchor + 1 + j, width - 1)[:, None], axis=1)
-        out, anchor_kv = drafter.run_rows(anchor_kv, fed, drafter._recycle(hidden)[:, None], from_target=False)
+        out, anchor_kv = drafter.run_rows(anchor_kv, fed, drafter.recycle(hidden)[:, None], from_target=False)
         hidden = out[:, 0]
         later.append(drafter.head_logits(hidden))
     first = drafter.head_logits(x)
@@ -107,7 +107,7 @@ def step_losses(drafter, tokens, features, labels, lengths, anchors, *, steps: i
     """Per draft step: summed loss, correct top-1 predictions, counted rows; three ``[steps]`` arrays.
 
     Args:
-      drafter: a bound hidden-state drafter (``impl="xla"``: the kernels have no gradients).
+      drafter: a hidden-state drafter bound to a target on ``xla`` kernels (the kernels have no gradients).
       tokens: ``[batch, T]`` int32 windows of text.
       features: the target's captures over ``tokens`` (``drafter.capture``), ``[batch, T, H_t]`` each.
       labels: ``[batch, T]`` int32, the target's greedy token after each position.

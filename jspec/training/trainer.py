@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jspec.execution import with_kernels
 from jspec.models import forward
 from jspec.training.objective import draft_vocabulary_ids, loss_fn, trainable_params
 
@@ -66,7 +67,7 @@ def target_batch(target, drafter, tokens, lengths, *, soft_labels: bool = False,
     after each position, and with ``soft_labels`` ``probs [batch, T, V_d]``: the next-token
     distribution over the draft vocabulary)."""
     kv = target.init_cache(tokens.shape[0], tokens.shape[1])
-    logits, features, _ = forward(target, tokens, kv, capture=drafter.capture, impl=impl)
+    logits, features, _ = forward(with_kernels(target, impl), tokens, kv, capture=drafter.capture)
     labels = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     labels = jnp.where(jnp.arange(tokens.shape[1])[None, :] < lengths[:, None], labels, -1)
     batch = dict(tokens=tokens, lengths=lengths, features=jax.lax.stop_gradient(features), labels=labels)

@@ -28,12 +28,14 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jspec.execution import DEFAULT, Execution
 from jspec.layers import linear
 from jspec.models import gemma4
 from jspec.models.base import lm_head, random_matrix
 from jspec.models.gemma4 import FULL, SLIDING, Gemma4Config
 from jspec.models.gemma4.model import decoder_layer, embed_tokens
 from jspec.rope import rope_cos_sin
+from jspec.step import Step
 
 
 @jax.tree_util.register_static
@@ -123,7 +125,7 @@ def frozen_kv(config: AssistantConfig, k_bufs, v_bufs, lengths, rope_positions, 
     return FrozenKV(k=dict(k_bufs), v=dict(v_bufs), lengths=lengths, rope=rope, sliding_rows=sliding_rows)
 
 
-def assistant_step(assistant: Assistant, target_embed, tokens, hidden, kv: FrozenKV, *, impl: str = "auto"):
+def assistant_step(assistant: Assistant, target_embed, tokens, hidden, kv: FrozenKV, ex: Execution = DEFAULT):
     """One assistant forward: ``tokens [batch]``, ``hidden [batch, H_b]`` (the target's final-normed
     hidden for the seed, the previous step's output after) -> ``(y [batch, H_a]`` final-normed,
     ``next hidden [batch, H_b])``. ``target_embed [V, H_b]``: the target's input embedding table.
@@ -135,21 +137,20 @@ def assistant_step(assistant: Assistant, target_embed, tokens, hidden, kv: Froze
     branched = tokens.ndim == 2
     tokens, hidden = (tokens, hidden) if branched else (tokens[:, None], hidden[:, None])
     e = embed_tokens(target_embed, tokens).astype(dtype)
-    x = linear(jnp.concatenate([e, hidden.astype(dtype)], axis=-1), a.pre_projection, impl=impl)  # [batch, r, H_a]
+    x = linear(jnp.concatenate([e, hidden.astype(dtype)], axis=-1), a.pre_projection, None, ex)  # [batch, r, H_a]
     c = dataclasses.replace(a.model.config, sliding_window=kv.sliding_rows)
-    # The mask is anchored at the last committed row, whatever the RoPE position.
+    # The mask is anchored at the last committed row, whatever the RoPE position; no row is written.
     anchor = jnp.broadcast_to((kv.lengths - 1)[:, None], tokens.shape)
+    steps = {kind: Step(anchor, *rope, kv.lengths, execution=ex) for kind, rope in kv.rope.items()}
     # Each layer's last add also norms its output for the next layer, the last one's for the head.
     next_norms = [layer.attn_norm for layer in a.model.layers[1:]] + [a.model.final_norm]
     y = None
     for i, (layer, next_norm) in enumerate(zip(a.model.layers, next_norms)):
         kind = c.layer_types[i]
-        x, y, _, _ = decoder_layer(
-            layer, c, i, x, kv.k[kind], kv.v[kind], kv.lengths, anchor, *kv.rope[kind], None, attn_input=y,
-            next_norm=next_norm, impl=impl,
-        )
+        x, y, _ = decoder_layer(layer, c, i, x, (kv.k[kind], kv.v[kind]), steps[kind], None, attn_input=y,
+                                next_norm=next_norm)
     y = y if branched else y[:, 0]
-    return y, linear(y, a.post_projection, impl=impl)
+    return y, linear(y, a.post_projection, None, ex)
 
 
 # --- heads -----------------------------------------------------------------------------

@@ -48,6 +48,8 @@ from jspec.drafters.frozen_kv_mtp.assistant import (
     greedy_token,
 )
 from jspec.drafters.frozen_kv_mtp.checkpoint import load_assistant
+from jspec.execution import DEFAULT, Execution
+from jspec.parallel import ROW, split
 from jspec.kv import KVCache
 from jspec.models import gemma4
 from jspec.models.base import Capture
@@ -66,12 +68,13 @@ class FrozenKVMTP:
     the target's input embedding and picks the target layers whose K/V the assistant reads."""
 
     assistant: Assistant
-    embed: jax.Array | None = None  # the target's input embedding table [V, H_b], set by bind
+    embed: jax.Array | None = split(ROW, default=None)  # the target's input embedding table [V, H_b], set by bind
     # (layer type, target cache layer) per assistant layer type: the last non-shared target layer of that type
     kv_layers: tuple[tuple[str, int], ...] | None = dataclasses.field(default=None, metadata=dict(static=True))
     rope_position: str = dataclasses.field(default="bonus", metadata=dict(static=True))
     sliding_rows: str = dataclasses.field(default="window+1", metadata=dict(static=True))
-    impl: str = dataclasses.field(default="auto", metadata=dict(static=True))
+    # The target's kernels, set by bind (one impl= for target and drafter); never a placement.
+    execution: Execution = dataclasses.field(default=DEFAULT, metadata=dict(static=True))
 
     def __post_init__(self):
         if self.rope_position not in ROPE_POSITIONS:
@@ -83,7 +86,7 @@ class FrozenKVMTP:
     def load(cls, path, *, dtype=None, **options) -> FrozenKVMTP:
         """The drafter from a ``gemma4_assistant`` checkpoint directory (see
         ``jspec.drafters.frozen_kv_mtp.checkpoint``); ``options``: ``rope_position``,
-        ``sliding_rows``, ``impl``."""
+        ``sliding_rows``."""
         return cls(load_assistant(path, dtype=dtype), **options)
 
     # --- protocol ---------------------------------------------------------------------
@@ -129,7 +132,8 @@ class FrozenKVMTP:
     def bind(self, target) -> FrozenKVMTP:
         self.check_compatible(target)
         kv_layers = tuple((kind, target.config.last_kv_owner(kind)) for kind in self.assistant.config.layer_kinds)
-        return dataclasses.replace(self, embed=target.embed, kv_layers=kv_layers)
+        return dataclasses.replace(self, embed=target.embed, kv_layers=kv_layers,
+                                   execution=Execution(target.execution.kernels))
 
     def prefill(self, ctx: PrefillContext, *, max_len: int) -> tuple:
         return ()  # no draft state: the first round's seed reads the prefill's capture
@@ -184,7 +188,7 @@ class FrozenKVMTP:
 
     def step(self, kv: FrozenKV, tokens, hidden):
         """One assistant forward: ``(y [batch, H_a]`` final-normed, ``next hidden [batch, H_b])``."""
-        return assistant_step(self.assistant, self.embed, tokens, hidden, kv, impl=self.impl)
+        return assistant_step(self.assistant, self.embed, tokens, hidden, kv, self.execution)
 
     def head_logits(self, y):
         """fp32 draft logits ``[batch, V]`` as transformers computes them (centroid head: ``min - 1``

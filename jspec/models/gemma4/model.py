@@ -26,14 +26,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec.execution import DEFAULT, Execution
 from jspec.kv import KVCache
-from jspec.parallel import TensorParallel, per_head, split_columns
-from jspec.layers import add_rms_norm, apply_rope, fuses_around_kernels, gated_mlp, gelu_tanh, linear, rope_and_write
+from jspec.parallel import COLUMN, ROW, per_head, split, split_columns
+from jspec.layers import ACTIVATIONS, HeadNorms, add_rms_norm, apply_rope, gated_mlp, linear, rope_and_write
 from jspec.layers import rms_norm_fp32_scale as rms_norm
-from jspec.models.base import (NO_CAPTURE, Capture, as_is, lm_head, random_matrix, random_norm_weight,
-                               token_positions)
+from jspec.models.base import (NO_CAPTURE, Capture, as_is, check_forward_args, lm_head, random_matrix,
+                               random_norm_weight)
 from jspec.models.gemma4.config import SLIDING, Gemma4Config
-from jspec.rope import rope_cos_sin
+from jspec.step import Step, row_positions
 from pallas_kernels import decode_attention, gather_rows
 from pallas_kernels.gather_rows import FP32_SCALE
 
@@ -45,13 +46,13 @@ class Layer:
     Linear weights are ``[in, out]`` (transposed once at load)."""
 
     attn_norm: jax.Array  # [hidden]   input_layernorm
-    qkv: jax.Array  # [hidden, heads*hd (+ kv*hd k) (+ kv*hd v)]: no k, v on KV-shared layers, no v with k_eq_v
+    qkv: jax.Array = split(COLUMN)  # [hidden, heads*hd (+ kv*hd k) (+ kv*hd v)]: no k, v on KV-shared layers, no v with k_eq_v
     q_norm: jax.Array  # [hd]
-    o: jax.Array  # [heads * hd, hidden]
+    o: jax.Array = split(ROW)  # [heads * hd, hidden]
     post_attn_norm: jax.Array  # [hidden]
     mlp_norm: jax.Array  # [hidden]   pre_feedforward_layernorm
-    gate_up: jax.Array  # [hidden, 2 * intermediate]  (gate | up)
-    down: jax.Array  # [intermediate, hidden]
+    gate_up: jax.Array = split(COLUMN)  # [hidden, 2 * intermediate]  (gate | up)
+    down: jax.Array = split(ROW)  # [intermediate, hidden]
     post_mlp_norm: jax.Array  # [hidden]   post_feedforward_layernorm
     layer_scalar: jax.Array  # [1]
     k_norm: jax.Array | None = None  # [hd]; None on KV-shared layers
@@ -65,7 +66,7 @@ class Layer:
 class PerLayerEmbedding:
     """PLE inputs shared by all layers; the ``L * P`` axes pack layer-major ``[L, P]``."""
 
-    embed: jax.Array  # [vocab_per_layer, L * P]   embed_tokens_per_layer
+    embed: jax.Array = split(ROW)  # [vocab_per_layer, L * P]   embed_tokens_per_layer
     projection: jax.Array  # [hidden, L * P]          per_layer_model_projection
     norm: jax.Array  # [P]                           per_layer_projection_norm
 
@@ -75,13 +76,13 @@ class PerLayerEmbedding:
 class Model:
     """Gemma 4 parameters; ``config`` is static (hashable) pytree aux data."""
 
-    embed: jax.Array  # [vocab, hidden]
+    embed: jax.Array = split(ROW)  # [vocab, hidden]
     layers: tuple[Layer, ...]
     final_norm: jax.Array  # [hidden]
-    lm_head: jax.Array | None  # [hidden, vocab]; None when tied to ``embed``
+    lm_head: jax.Array | None = split(COLUMN)  # [hidden, vocab]; None when tied to ``embed``
     ple: PerLayerEmbedding | None
     config: Gemma4Config = dataclasses.field(metadata=dict(static=True))
-    tensor_parallel: TensorParallel | None = dataclasses.field(default=None, metadata=dict(static=True))  # jspec.shard
+    execution: Execution = dataclasses.field(default=DEFAULT, metadata=dict(static=True))  # kernels, placement
 
     @property
     def dtype(self):
@@ -96,7 +97,7 @@ class Model:
         c = self.config
         geometry = [c.attention_shape(i) for i in range(c.first_kv_shared_layer)]
         shapes = [(batch, kv_heads, max_len, head_dim) for kv_heads, head_dim in geometry]
-        return KVCache.of_shapes(shapes, self.dtype, placement=self.tensor_parallel)
+        return KVCache.of_shapes(shapes, self.dtype, placement=self.execution.placement)
 
 
 def qkv_parts(c: Gemma4Config, index: int) -> tuple[int, ...]:
@@ -120,101 +121,92 @@ def embed_tokens(embed: jax.Array, tokens: jax.Array) -> jax.Array:
     return embed[tokens] * _scale_in_dtype(embed.shape[1] ** 0.5, embed.dtype)
 
 
-def per_layer_inputs(model: Model, tokens: jax.Array, x: jax.Array, *, impl: str = "auto") -> jax.Array:
+def per_layer_inputs(model: Model, tokens: jax.Array, x: jax.Array) -> jax.Array:
     """Each layer's PLE input ``[batch, T, L, P]`` for ``tokens [batch, T]`` with scaled
     embeddings ``x [batch, T, hidden]``: ``(norm(proj(x) / sqrt(H)) + table[t] * sqrt(P)) / sqrt(2)``
     (HF ``get_per_layer_inputs`` + ``project_per_layer_inputs``)."""
     c, ple = model.config, model.ple
     shape = (*tokens.shape, c.num_layers, c.hidden_size_per_layer_input)
     from_token = (ple.embed[tokens] * _scale_in_dtype(c.hidden_size_per_layer_input**0.5, model.dtype)).reshape(shape)
-    from_context = linear(x, ple.projection, impl=impl) * c.hidden_size**-0.5
-    from_context = rms_norm(from_context.reshape(shape), ple.norm, c.rms_norm_eps, impl=impl)
+    from_context = linear(x, ple.projection, None, model.execution) * c.hidden_size**-0.5
+    from_context = rms_norm(from_context.reshape(shape), ple.norm, c.rms_norm_eps, model.execution)
     return (from_context + from_token) * 2.0**-0.5
 
 
-def attention(
-    layer: Layer, c: Gemma4Config, index: int, h, positions, cos, sin, k_buf, v_buf, kv_lengths, *, tree_mask=None,
-    impl="auto", parallel: TensorParallel | None = None, split_parts: bool = False,
-):
-    """Self-attention of layer ``index`` over normed rows ``h [batch, T, hidden]`` at ``positions``.
+def attention(layer: Layer, c: Gemma4Config, index: int, h, cache, step: Step, *, split_parts: bool = False):
+    """Self-attention of layer ``index`` over normed rows ``h [batch, T, hidden]`` (``Step``: their
+    positions and RoPE tables for this layer's type); ``cache``: the ``(k_buf, v_buf)`` it writes or,
+    on a KV-shared layer, reads.
 
-    ``kv_lengths [batch]``: valid cache rows once this step's rows are in. A layer that owns
-    its cache writes the K/V of its ``T`` rows as the last ``T`` of those; a KV-shared layer
-    reads its source layer's buffers (written earlier in this step) as they are, so its rows
-    may be any subset of the step's. ``parallel``: a placed model's (``jspec.shard``):
-    attention and projections run per device. Returns ``([batch, T, hidden], k_buf, v_buf)``;
-    ``split_parts``: the output projection as partial sums ``[splits, batch, T, hidden]``
-    (``jspec.layers.linear``).
+    A layer that owns its cache writes the K/V of its ``T`` rows as the last ``T`` of
+    ``step.kv_lengths``; a KV-shared layer reads its source layer's buffers (written earlier in this
+    step) as they are, so its rows may be any subset of the step's. On a placed model attention and
+    projections run per device. Returns ``([batch, T, hidden], (k_buf, v_buf))``; ``split_parts``:
+    the output projection as partial sums ``[splits, batch, T, hidden]`` (``jspec.layers.linear``).
     """
+    ex = step.execution
     batch, num_rows, _ = h.shape
     _, head_dim = c.attention_shape(index)
     q_size = c.num_heads * head_dim
-    proj = linear(h, layer.qkv, impl=impl, parallel=parallel, split="column")
+    proj = linear(h, layer.qkv, None, ex, split="column")
     parts = qkv_parts(c, index)
+    k_buf, v_buf = cache
     if len(parts) > 1:  # q, k and (unless k_eq_v: the raw k) v: normed, rotated and written in one kernel
-        q, k_buf, v_buf = rope_and_write(proj, parts, cos, sin, k_buf, v_buf, kv_lengths - num_rows,
-                                         head_dim=head_dim, q_norm=layer.q_norm, k_norm=layer.k_norm,
-                                         eps=c.rms_norm_eps, norm=FP32_SCALE, v_norm=True, impl=impl,
-                                         parallel=parallel)
+        norms = HeadNorms(layer.q_norm, layer.k_norm, c.rms_norm_eps, FP32_SCALE, v=True)
+        q, k_buf, v_buf = rope_and_write(proj, parts, head_dim, k_buf, v_buf, step, norms)
     else:  # a KV-shared layer: q only
-        q = split_columns(proj, parts, parallel)[0].reshape(batch, num_rows, c.num_heads, head_dim)
-        q = rms_norm(q, layer.q_norm, c.rms_norm_eps, impl=impl)
-        q = apply_rope(q, cos, sin)
+        q = split_columns(proj, parts, ex.placement)[0].reshape(batch, num_rows, c.num_heads, head_dim)
+        q = rms_norm(q, layer.q_norm, c.rms_norm_eps, ex)
+        q = apply_rope(q, step.cos, step.sin)
 
     def attend(q, k_buf, v_buf, kv_lengths, positions, tree_mask):
         return decode_attention(q, k_buf, v_buf, kv_lengths, q_positions=positions, tail_mask=tree_mask,
-                                window=c.window(index), scale=1.0, impl=impl)
+                                window=c.window(index), scale=1.0, impl=ex.kernels)
 
-    args = (q, k_buf, v_buf, kv_lengths, positions, tree_mask)
-    attn = per_head(attend, *args, parallel=parallel)
-    out = linear(attn.reshape(batch, num_rows, q_size), layer.o, impl=impl, parallel=parallel, split="row",
-                 split_parts=split_parts)
-    return out, k_buf, v_buf
+    attn = per_head(attend, q, k_buf, v_buf, step.kv_lengths, step.positions, step.tree_mask, parallel=ex.placement)
+    out = linear(attn.reshape(batch, num_rows, q_size), layer.o, None, ex, split="row", split_parts=split_parts)
+    return out, (k_buf, v_buf)
 
 
-def decoder_layer(
-    layer: Layer, c: Gemma4Config, index: int, x, k_buf, v_buf, kv_lengths, positions, cos, sin, per_layer_input,
-    *, attn_input=None, next_norm=None, tree_mask=None, impl="auto", parallel=None,
-):
+def decoder_layer(layer: Layer, c: Gemma4Config, index: int, x, cache, step: Step, per_layer_input, *,
+                  attn_input=None, next_norm=None):
     """Layer ``index`` on the residual stream ``x [batch, T, hidden]``; ``per_layer_input
-    [batch, T, P]`` or None without PLE; ``kv_lengths``, ``tree_mask`` and ``parallel`` as for
-    ``attention``. ``attn_input``: ``norm(x, layer.attn_norm)`` if the caller has it (the previous
-    layer's ``next_norm``); ``next_norm [hidden]``: the norm whose output the next consumer takes
-    (the next layer's input norm, or the final norm). Returns ``(x, next_input, k_buf, v_buf)``,
+    [batch, T, P]`` or None without PLE; ``cache`` and ``step`` as for ``attention``.
+    ``attn_input``: ``norm(x, layer.attn_norm)`` if the caller has it (the previous layer's
+    ``next_norm``); ``next_norm [hidden]``: the norm whose output the next consumer takes (the next
+    layer's input norm, or the final norm). Returns ``(x, next_input, (k_buf, v_buf))``,
     ``next_input`` that norm of the new x (None without ``next_norm``)."""
-    eps = c.rms_norm_eps
+    ex, eps = step.execution, c.rms_norm_eps
     # Where kernels fuse, each branch's output projection leaves split-K partials and one launch
     # post-norms their sum, adds it to x and norms the result for the next consumer
     # (jspec.layers.add_rms_norm); the layer's last one also applies layer_scalar, saving the
     # scaling's own launch.
-    fused = fuses_around_kernels(impl, parallel)
-    add_branch = functools.partial(_add_branch, eps=eps, fused=fused, impl=impl)
-    h = rms_norm(x, layer.attn_norm, eps, impl=impl) if attn_input is None else attn_input
-    attn_out, k_buf, v_buf = attention(
-        layer, c, index, h, positions, cos, sin, k_buf, v_buf, kv_lengths, tree_mask=tree_mask, impl=impl,
-        parallel=parallel, split_parts=fused,
-    )
+    fused = ex.fuses
+    add_branch = functools.partial(_add_branch, eps=eps, ex=ex)
+    h = rms_norm(x, layer.attn_norm, eps, ex) if attn_input is None else attn_input
+    attn_out, cache = attention(layer, c, index, h, cache, step, split_parts=fused)
     x, h = add_branch(x, attn_out, layer.post_attn_norm, layer.mlp_norm)
-    branch = gated_mlp(h, layer.gate_up, layer.down, gelu_tanh, impl=impl, parallel=parallel, split_parts=fused)
+    branch = gated_mlp(h, layer.gate_up, layer.down, "gelu_tanh", ex, split_parts=fused)
     branch_norm = layer.post_mlp_norm
     if per_layer_input is not None:
         x, _ = add_branch(x, branch, branch_norm, None)
-        gated = gelu_tanh(linear(x, layer.ple_gate, impl=impl)) * per_layer_input
-        branch, branch_norm = linear(gated, layer.ple_proj, impl=impl, split_parts=fused), layer.ple_norm
+        gated = ACTIVATIONS["gelu_tanh"](linear(x, layer.ple_gate, None, ex)) * per_layer_input
+        branch, branch_norm = linear(gated, layer.ple_proj, None, ex, split_parts=fused), layer.ple_norm
     x, next_input = add_branch(x, branch, branch_norm, next_norm, scale=layer.layer_scalar)
-    return x, next_input, k_buf, v_buf
+    return x, next_input, cache
 
 
-def _add_branch(x, branch, post_norm, next_norm, *, eps, fused, impl, scale=None):
+def _add_branch(x, branch, post_norm, next_norm, *, eps, ex, scale=None):
     """``x + post_norm(branch)`` (times ``scale [1]``) and ``next_norm`` of that (None without it):
     one kernel from ``branch``'s split-K partials where kernels fuse, XLA's ops on the product
     elsewhere."""
-    if fused:
-        return add_rms_norm(x, branch, next_norm, eps, y_weight=post_norm, norm=FP32_SCALE, scale=scale, impl=impl)
-    x = x + rms_norm(branch, post_norm, eps, impl=impl)
+    if ex.fuses:
+        return add_rms_norm(x, branch, next_norm, eps, y_weight=post_norm, norm=FP32_SCALE, scale=scale,
+                            impl=ex.kernels)
+    x = x + rms_norm(branch, post_norm, eps, ex)
     if scale is not None:
         x = x * scale.astype(x.dtype)
-    return x, None if next_norm is None else rms_norm(x, next_norm, eps, impl=impl)
+    return x, None if next_norm is None else rms_norm(x, next_norm, eps, ex)
 
 
 def forward(
@@ -225,7 +217,6 @@ def forward(
     capture: Capture = NO_CAPTURE,
     logits_rows: jax.Array | None = None,
     compute_logits: bool = True,
-    impl: str = "auto",
     tree_mask: jax.Array | None = None,
 ) -> tuple[jax.Array | None, tuple[jax.Array, ...], KVCache]:
     """Run ``tokens [batch, T]`` at positions ``kv.lengths[b] + 0..T-1`` (a tree's rows at their
@@ -237,19 +228,21 @@ def forward(
     ``_maybe_slice_kv_shared_inputs``) unless a later feature is captured: a prefill runs the
     last ``num_kv_shared_layers`` layers on one row per sequence.
     """
-    c = model.config
+    c, ex = model.config, model.execution
     if c.first_kv_shared_layer == 0:
         raise ValueError(
             "every layer of this Gemma 4 model is KV-shared (a Gemma 4 assistant): it has no K/V of its own"
         )
-    batch, num_rows = tokens.shape
-    positions = token_positions(tokens, kv, capture, logits_rows, c.num_layers, tree_mask)  # [batch, T]
-    rope = {}  # layer type -> (cos, sin) [batch, T, its head_dim]
+    num_rows = tokens.shape[1]
+    check_forward_args(tokens, capture, logits_rows, c.num_layers, tree_mask)
+    positions = row_positions(kv.lengths, num_rows, tree_mask)  # [batch, T]
+    steps = {}  # layer type -> its step (RoPE tables [batch, T, its head_dim])
     for kind in dict.fromkeys(c.layer_types):
         head_dim = c.head_dim if kind == SLIDING else c.global_head_dim
-        rope[kind] = rope_cos_sin(positions, jnp.asarray(c.rope(kind).inv_freq(head_dim)), model.dtype)
+        steps[kind] = Step.make(positions, kv.lengths + num_rows, c.rope(kind).inv_freq(head_dim), model.dtype, ex,
+                                tree_mask=tree_mask)
     x = embed_tokens(model.embed, tokens)  # [batch, T, hidden]
-    ple = None if model.ple is None else per_layer_inputs(model, tokens, x, impl=impl)  # [batch, T, L, P]
+    ple = None if model.ple is None else per_layer_inputs(model, tokens, x)  # [batch, T, L, P]
 
     head_rows = None  # [batch, n] rows that get logits, negative ones counted from the end (as gather_rows)
     if logits_rows is not None and compute_logits:
@@ -261,8 +254,7 @@ def forward(
     keep_head_rows_at = c.first_kv_shared_layer if slice_rows else None
 
     residuals = {}
-    kv_lengths = kv.lengths + num_rows
-    k_bufs, v_bufs = list(kv.k), list(kv.v)
+    caches = list(zip(kv.k, kv.v))
     wants_normed = capture.final_normed or (compute_logits and logits_rows is None)
     # Each layer's last add also norms its output for the next layer (or the final norm): one launch
     # where kernels fuse. Not before the rows are cut (the cut takes x's rows, not the normed ones).
@@ -272,46 +264,32 @@ def forward(
     for i, layer in enumerate(model.layers):
         if i in capture.residuals:
             residuals[i] = x
-        if i == keep_head_rows_at:
-            x, positions, rope, ple = _keep_rows(head_rows, x, positions, rope, ple, impl=impl)
+        if i == keep_head_rows_at:  # the rows that get logits alone from here (HF _maybe_slice_kv_shared_inputs)
+            x = gather_rows(x, head_rows, impl=ex.kernels)
+            steps = {kind: step.rows(head_rows) for kind, step in steps.items()}
+            ple = None if ple is None else jnp.take_along_axis(ple, head_rows[:, :, None, None], axis=1)
         src = c.kv_source(i)
-        x, h, k_bufs[src], v_bufs[src] = decoder_layer(
-            layer, c, i, x, k_bufs[src], v_bufs[src], kv_lengths, positions, *rope[c.layer_types[i]],
-            None if ple is None else ple[:, :, i], attn_input=h, next_norm=next_norms[i],
-            tree_mask=tree_mask, impl=impl, parallel=model.tensor_parallel,
-        )
+        x, h, caches[src] = decoder_layer(layer, c, i, x, caches[src], steps[c.layer_types[i]],
+                                          None if ple is None else ple[:, :, i], attn_input=h, next_norm=next_norms[i])
     residuals[c.num_layers] = x
     features = tuple(residuals[i] for i in capture.residuals)
 
     normed = None
     if wants_normed:
-        normed = rms_norm(x, model.final_norm, c.rms_norm_eps, impl=impl) if h is None else h
+        normed = rms_norm(x, model.final_norm, c.rms_norm_eps, ex) if h is None else h
         features += (normed,) if capture.final_normed else ()
     if not compute_logits:
         logits = None
     elif logits_rows is None:
-        logits = lm_head(model.embed, model.lm_head, normed, impl=impl, parallel=model.tensor_parallel)
+        logits = lm_head(model.embed, model.lm_head, normed, ex)
         logits = softcap(logits, c.final_logit_softcapping)
     else:
         if keep_head_rows_at is None or keep_head_rows_at == c.num_layers:  # x still holds all T rows
-            x = gather_rows(x, head_rows, impl=impl)
-        normed_rows = rms_norm(x, model.final_norm, c.rms_norm_eps, impl=impl)
-        logits = softcap(lm_head(model.embed, model.lm_head, normed_rows, impl=impl,
-                                 parallel=model.tensor_parallel), c.final_logit_softcapping)
+            x = gather_rows(x, head_rows, impl=ex.kernels)
+        normed_rows = rms_norm(x, model.final_norm, c.rms_norm_eps, ex)
+        logits = softcap(lm_head(model.embed, model.lm_head, normed_rows, ex), c.final_logit_softcapping)
 
-    new_kv = KVCache(k=tuple(k_bufs), v=tuple(v_bufs), lengths=kv.lengths + num_rows)
-    return logits, features, new_kv
-
-
-def _keep_rows(rows, x, positions, rope, ple, *, impl):
-    """Rows ``rows [batch, n]`` (indices into T) of the residual stream, positions, RoPE tables
-    and PLE inputs."""
-
-    def take(a):  # [batch, T, ...] -> [batch, n, ...]
-        return jnp.take_along_axis(a, rows.reshape(*rows.shape, *([1] * (a.ndim - 2))), axis=1)
-
-    rope = {kind: (take(cos), take(sin)) for kind, (cos, sin) in rope.items()}
-    return gather_rows(x, rows, impl=impl), take(positions), rope, None if ple is None else take(ple)
+    return logits, features, kv.written(caches, num_rows)
 
 
 def softcap(logits: jax.Array, cap: float | None) -> jax.Array:

@@ -13,13 +13,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from jspec.execution import DEFAULT, Execution
 from jspec.kv import KVCache
-from jspec.parallel import TensorParallel, per_head
-from jspec.layers import add_parts, add_rms_norm, fuses_around_kernels, linear, rms_norm, rope_and_write, silu_mlp
-from jspec.models.base import (NO_CAPTURE, Capture, as_is, lm_head, random_matrix, random_norm_weight,
-                               token_positions)
+from jspec.parallel import COLUMN, ROW, per_head, split
+from jspec.layers import HeadNorms, add_parts, add_rms_norm, gated_mlp, linear, rms_norm, rope_and_write
+from jspec.models.base import (NO_CAPTURE, Capture, as_is, check_forward_args, lm_head, random_matrix,
+                               random_norm_weight)
 from jspec.models.llama.config import LlamaConfig
-from jspec.rope import rope_cos_sin
+from jspec.step import Step, row_positions
 from pallas_kernels import decode_attention, gather_rows
 
 
@@ -29,12 +30,12 @@ class Layer:
     """One decoder layer. Linear weights are ``[in, out]`` (transposed once at load)."""
 
     attn_norm: jax.Array  # [hidden]
-    qkv: jax.Array  # [hidden, q_size + 2 * kv_size]   (q | k | v)
-    o: jax.Array  # [q_size, hidden]
+    qkv: jax.Array = split(COLUMN)  # [hidden, q_size + 2 * kv_size]   (q | k | v)
+    o: jax.Array = split(ROW)  # [q_size, hidden]
     mlp_norm: jax.Array  # [hidden]
-    gate_up: jax.Array  # [hidden, 2 * intermediate]  (gate | up)
-    down: jax.Array  # [intermediate, hidden]
-    qkv_bias: jax.Array | None = None  # [q_size + 2 * kv_size]   Qwen2
+    gate_up: jax.Array = split(COLUMN)  # [hidden, 2 * intermediate]  (gate | up)
+    down: jax.Array = split(ROW)  # [intermediate, hidden]
+    qkv_bias: jax.Array | None = split(COLUMN, default=None)  # [q_size + 2 * kv_size]   Qwen2
     q_norm: jax.Array | None = None  # [head_dim]   Qwen3
     k_norm: jax.Array | None = None  # [head_dim]   Qwen3
 
@@ -44,12 +45,12 @@ class Layer:
 class Model:
     """Parameters of a decoder LM; ``config`` is static (hashable) pytree aux data."""
 
-    embed: jax.Array  # [vocab, hidden]
+    embed: jax.Array = split(ROW)  # [vocab, hidden]
     layers: tuple[Layer, ...]
     final_norm: jax.Array  # [hidden]
-    lm_head: jax.Array | None  # [hidden, vocab]; None when tied to ``embed``
+    lm_head: jax.Array | None = split(COLUMN)  # [hidden, vocab]; None when tied to ``embed``
     config: LlamaConfig = dataclasses.field(metadata=dict(static=True))
-    tensor_parallel: TensorParallel | None = dataclasses.field(default=None, metadata=dict(static=True))  # jspec.shard
+    execution: Execution = dataclasses.field(default=DEFAULT, metadata=dict(static=True))  # kernels, placement
 
     @property
     def dtype(self):
@@ -63,7 +64,7 @@ class Model:
     def init_cache(self, batch: int, max_len: int) -> KVCache:
         c = self.config
         return KVCache.zeros(c.num_layers, batch, c.num_kv_heads, max_len, c.head_dim, self.dtype,
-                             placement=self.tensor_parallel)
+                             placement=self.execution.placement)
 
 
 def qkv_parts(c: LlamaConfig) -> tuple[int, int, int]:
@@ -71,90 +72,68 @@ def qkv_parts(c: LlamaConfig) -> tuple[int, int, int]:
     return c.q_size, c.kv_size, c.kv_size
 
 
-def attention(
-    layer, c: LlamaConfig, h, positions, cos, sin, k_buf, v_buf, lengths, *, keep_rows=None, tree_mask=None,
-    impl="auto", parallel: TensorParallel | None = None, split_parts: bool = False,
-):
+def attention(layer, c: LlamaConfig, h, cache, step: Step, *, split_parts: bool = False):
     """Self-attention of one layer over the normed rows ``h [batch, T, in]`` (``in`` is usually
-    ``hidden``; EAGLE-3's midlayer reads ``2 * hidden``).
+    ``hidden``; EAGLE-3's midlayer reads ``2 * hidden``); ``cache``: the layer's ``(k_buf, v_buf)``,
+    each ``[batch, kv_heads, L, head_dim]``.
 
-    Writes the K/V of all ``T`` rows at ``lengths[b] ..``. With ``keep_rows [batch]`` only that
-    row's query is kept right after the K/V write (the others are dead: their K/V is all the
-    caller needs) and the output is ``[batch, 1, hidden]``; otherwise ``[batch, T, hidden]``.
-    ``parallel``: a placed model's (``jspec.shard``): attention and projections run per device.
-    ``split_parts``: the output projection as partial sums ``[splits, batch, rows, hidden]``
-    (``jspec.layers.linear``).
+    Writes the K/V of all ``T`` rows (``Step``). With ``step.keep_rows`` only that row's query is
+    kept right after the K/V write (the others are dead: their K/V is all the caller needs) and the
+    output is ``[batch, 1, hidden]``; otherwise ``[batch, T, hidden]``. On a placed model attention
+    and projections run per device. ``split_parts``: the output projection as partial sums
+    ``[splits, batch, rows, hidden]`` (``jspec.layers.linear``). Returns ``(out, (k_buf, v_buf))``.
     """
+    ex, keep_rows = step.execution, step.keep_rows
     batch, num_rows, _ = h.shape
-    if keep_rows is not None and tree_mask is not None:
+    if keep_rows is not None and step.tree_mask is not None:
         raise ValueError("keep_rows and tree_mask together are not supported")
-    qkv = linear(h, layer.qkv, layer.qkv_bias, impl=impl, parallel=parallel, split="column")
-    q, k_buf, v_buf = rope_and_write(qkv, qkv_parts(c), cos, sin, k_buf, v_buf, lengths, head_dim=c.head_dim,
-                                     q_norm=layer.q_norm, k_norm=layer.k_norm, eps=c.rms_norm_eps, impl=impl,
-                                     parallel=parallel)
+    qkv = linear(h, layer.qkv, layer.qkv_bias, ex, split="column")
+    norms = HeadNorms(layer.q_norm, layer.k_norm, c.rms_norm_eps)
+    q, k_buf, v_buf = rope_and_write(qkv, qkv_parts(c), c.head_dim, *cache, step, norms)
+    positions = step.positions
     if keep_rows is not None:
-        q = gather_rows(q.reshape(batch, num_rows, c.q_size), keep_rows, impl=impl)
+        q = gather_rows(q.reshape(batch, num_rows, c.q_size), keep_rows, impl=ex.kernels)
         q = q.reshape(batch, 1, c.num_heads, c.head_dim)
         positions = jnp.take_along_axis(positions, keep_rows[:, None], axis=1)
-        num_q = 1
-    else:
-        num_q = num_rows
+
     def attend(q, k_buf, v_buf, kv_lengths, positions, tree_mask):
-        return decode_attention(q, k_buf, v_buf, kv_lengths, q_positions=positions, tail_mask=tree_mask, impl=impl)
+        return decode_attention(q, k_buf, v_buf, kv_lengths, q_positions=positions, tail_mask=tree_mask,
+                                impl=ex.kernels)
 
-    args = (q, k_buf, v_buf, lengths + num_rows, positions, tree_mask)
-    attn = per_head(attend, *args, parallel=parallel)
-    out = linear(attn.reshape(batch, num_q, c.q_size), layer.o, impl=impl, parallel=parallel, split="row",
-                 split_parts=split_parts)
-    return out, k_buf, v_buf
+    attn = per_head(attend, q, k_buf, v_buf, step.kv_lengths, positions, step.tree_mask, parallel=ex.placement)
+    out = linear(attn.reshape(batch, q.shape[1], c.q_size), layer.o, None, ex, split="row", split_parts=split_parts)
+    return out, (k_buf, v_buf)
 
 
-def decoder_layer(
-    layer: Layer,
-    c: LlamaConfig,
-    x: jax.Array,
-    k_buf: jax.Array,
-    v_buf: jax.Array,
-    lengths: jax.Array,
-    positions: jax.Array,
-    cos: jax.Array,
-    sin: jax.Array,
-    *,
-    attn_input: jax.Array | None = None,
-    keep_rows: jax.Array | None = None,
-    tree_mask: jax.Array | None = None,
-    impl: str = "auto",
-    parallel: TensorParallel | None = None,
-    defer_mlp: bool = False,
-):
-    """One pre-norm decoder layer on the residual stream ``x [batch, T, hidden]``.
+def decoder_layer(layer: Layer, c: LlamaConfig, x: jax.Array, cache, step: Step, *, attn_input=None,
+                  defer_mlp: bool = False):
+    """One pre-norm decoder layer on the residual stream ``x [batch, T, hidden]``; ``cache``: the
+    layer's ``(k_buf, v_buf)``.
 
     ``attn_input``: the attention's input rows instead of ``rms_norm(x, layer.attn_norm)``
-    (EAGLE-3 feeds ``cat(norm(embedding), norm(hidden))``). ``keep_rows [batch]``: after the
+    (EAGLE-3 feeds ``cat(norm(embedding), norm(hidden))``). ``step.keep_rows [batch]``: after the
     K/V write keep only that row of each sequence (attention query, residual, MLP), returning
-    ``[batch, 1, hidden]`` -- dead rows never reach the rest of the layer. ``tree_mask [batch, T, T]``:
-    tree attention among the ``T`` rows (``jspec.models.base``); not with ``keep_rows``.
-    Returns ``(x, k_buf, v_buf)``; with ``defer_mlp`` (where kernels fuse) ``(x, mlp_parts, k_buf,
-    v_buf)``: the MLP's output as partial sums ``[splits, batch, T, hidden]`` not yet added to x, for
-    the next norm to add in its own launch (``forward``).
+    ``[batch, 1, hidden]`` -- dead rows never reach the rest of the layer. ``step.tree_mask``: tree
+    attention among the ``T`` rows (``jspec.step``); not with ``keep_rows``.
+    Returns ``(x, (k_buf, v_buf))``; with ``defer_mlp`` (where kernels fuse) ``(x, mlp_parts, (k_buf,
+    v_buf))``: the MLP's output as partial sums ``[splits, batch, T, hidden]`` not yet added to x,
+    for the next norm to add in its own launch (``forward``).
     """
-    h = rms_norm(x, layer.attn_norm, c.rms_norm_eps, impl=impl) if attn_input is None else attn_input
+    ex = step.execution
+    h = rms_norm(x, layer.attn_norm, c.rms_norm_eps, ex) if attn_input is None else attn_input
     # Where kernels fuse, the output projection's split-K partials, the residual add and the MLP's
     # norm are one launch (jspec.layers.add_rms_norm).
-    fused = fuses_around_kernels(impl, parallel)
-    attn_out, k_buf, v_buf = attention(
-        layer, c, h, positions, cos, sin, k_buf, v_buf, lengths, keep_rows=keep_rows, tree_mask=tree_mask, impl=impl,
-        parallel=parallel, split_parts=fused,
-    )
-    if keep_rows is not None:
-        x = gather_rows(x, keep_rows, impl=impl)[:, None]
+    fused = ex.fuses
+    attn_out, cache = attention(layer, c, h, cache, step, split_parts=fused)
+    if step.keep_rows is not None:
+        x = gather_rows(x, step.keep_rows, impl=ex.kernels)[:, None]
     if fused:
-        x, h = add_rms_norm(x, attn_out, layer.mlp_norm, c.rms_norm_eps, impl=impl)
+        x, h = add_rms_norm(x, attn_out, layer.mlp_norm, c.rms_norm_eps, impl=ex.kernels)
     else:
         x = x + attn_out
-        h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps, impl=impl)
-    mlp = silu_mlp(h, layer.gate_up, layer.down, impl=impl, parallel=parallel, split_parts=defer_mlp)
-    return (x, mlp, k_buf, v_buf) if defer_mlp else (x + mlp, k_buf, v_buf)
+        h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps, ex)
+    mlp = gated_mlp(h, layer.gate_up, layer.down, "silu", ex, split_parts=defer_mlp)
+    return (x, mlp, cache) if defer_mlp else (x + mlp, cache)
 
 
 def forward(
@@ -165,7 +144,6 @@ def forward(
     capture: Capture = NO_CAPTURE,
     logits_rows: jax.Array | None = None,
     compute_logits: bool = True,
-    impl: str = "auto",
     tree_mask: jax.Array | None = None,
 ) -> tuple[jax.Array | None, tuple[jax.Array, ...], KVCache]:
     """Run ``tokens [batch, T]`` at positions ``kv.lengths[b] + 0..T-1`` (a tree's rows at their
@@ -177,38 +155,35 @@ def forward(
     cache with ``lengths`` advanced by ``T`` (callers that wrote padding or rejected rows shrink
     it with ``kv.truncate``).
     """
-    c = model.config
-    batch, num_rows = tokens.shape
-    positions = token_positions(tokens, kv, capture, logits_rows, c.num_layers, tree_mask)  # [batch, T]
-    cos, sin = rope_cos_sin(positions, jnp.asarray(c.rope_inv_freq()), model.dtype)
+    c, ex = model.config, model.execution
+    num_rows = tokens.shape[1]
+    check_forward_args(tokens, capture, logits_rows, c.num_layers, tree_mask)
+    step = Step.make(row_positions(kv.lengths, num_rows, tree_mask), kv.lengths + num_rows, c.rope_inv_freq(),
+                     model.dtype, ex, tree_mask=tree_mask)
     x = model.embed[tokens]  # [batch, T, hidden]
 
     # Where kernels fuse, a layer's MLP output stays split-K partials that the next norm (the next
     # layer's, or the final one) adds to the residual stream in its own launch.
-    deferred = fuses_around_kernels(impl, model.tensor_parallel)
+    deferred = ex.fuses
     mlp_parts = None
     residuals = {}
-    new_k, new_v = [], []
+    caches = []
     for i, layer in enumerate(model.layers):
         h = None
         if mlp_parts is not None:
-            x, h = add_rms_norm(x, mlp_parts, layer.attn_norm, c.rms_norm_eps, impl=impl)
+            x, h = add_rms_norm(x, mlp_parts, layer.attn_norm, c.rms_norm_eps, impl=ex.kernels)
         if i in capture.residuals:
             residuals[i] = x
-        *out, k_buf, v_buf = decoder_layer(
-            layer, c, x, kv.k[i], kv.v[i], kv.lengths, positions, cos, sin, attn_input=h, tree_mask=tree_mask,
-            impl=impl, parallel=model.tensor_parallel, defer_mlp=deferred,
-        )
+        *out, cache = decoder_layer(layer, c, x, (kv.k[i], kv.v[i]), step, attn_input=h, defer_mlp=deferred)
         x, mlp_parts = out if deferred else (out[0], None)
-        new_k.append(k_buf)
-        new_v.append(v_buf)
+        caches.append(cache)
 
     normed = None
     if capture.final_normed or (compute_logits and logits_rows is None):
         if mlp_parts is None:
-            normed = rms_norm(x, model.final_norm, c.rms_norm_eps, impl=impl)
+            normed = rms_norm(x, model.final_norm, c.rms_norm_eps, ex)
         else:
-            x, normed = add_rms_norm(x, mlp_parts, model.final_norm, c.rms_norm_eps, impl=impl)
+            x, normed = add_rms_norm(x, mlp_parts, model.final_norm, c.rms_norm_eps, impl=ex.kernels)
     elif mlp_parts is not None:
         x = add_parts(x, mlp_parts)
     residuals[c.num_layers] = x
@@ -217,13 +192,11 @@ def forward(
     if not compute_logits:
         logits = None
     elif logits_rows is None:
-        logits = lm_head(model.embed, model.lm_head, normed, impl=impl, parallel=model.tensor_parallel)
+        logits = lm_head(model.embed, model.lm_head, normed, ex)
     else:
-        rows = gather_rows(x, logits_rows, norm_weight=model.final_norm, eps=c.rms_norm_eps, impl=impl)
-        logits = lm_head(model.embed, model.lm_head, rows, impl=impl, parallel=model.tensor_parallel)
-
-    new_kv = KVCache(k=tuple(new_k), v=tuple(new_v), lengths=kv.lengths + num_rows)
-    return logits, features, new_kv
+        rows = gather_rows(x, logits_rows, norm_weight=model.final_norm, eps=c.rms_norm_eps, impl=ex.kernels)
+        logits = lm_head(model.embed, model.lm_head, rows, ex)
+    return logits, features, kv.written(caches, num_rows)
 
 
 def init_layer(config: LlamaConfig, key: jax.Array, dtype=jnp.float32, *, scale: float = 0.02, in_size=None) -> Layer:
