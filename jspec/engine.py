@@ -106,6 +106,28 @@ def prefill(model: Model, tokens: jax.Array, prompt_lengths: jax.Array, kv: KVCa
     return logits[:, 0], features, kv.truncate(prompt_lengths)
 
 
+@dataclasses.dataclass(frozen=True)
+class HostBatch:
+    """A ragged batch of prompts checked on the host, as the on-device loops take it."""
+
+    prompts: list[list[int]]
+    tokens: np.ndarray  # [batch, width] int32, right-padded to a bucket width
+    lengths: np.ndarray  # [batch] int32
+    params: SamplingParams
+    eos_ids: tuple[int, ...]
+    key: jax.Array
+
+
+def host_batch(model, prompts, max_new_tokens, *, temperature, top_k, top_p, eos_id, key) -> HostBatch:
+    """The front doors' shared prologue: sampling parameters, prompts and EOS ids checked (``ValueError``
+    naming what is wrong, before any compute), the prompts padded, the key defaulted."""
+    c = model.config
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    prompts = validate_prompts(prompts, c.vocab_size, max_new_tokens, c.max_position_embeddings)
+    tokens, lengths = pad_prompts(prompts)
+    return HostBatch(prompts, tokens, lengths, params, eos_tuple(eos_id), jax.random.key(0) if key is None else key)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DecodeState:
@@ -217,21 +239,18 @@ def generate(
     Returns the new tokens of each prompt. Raises ``ValueError`` on bad input before any compute.
     """
     model = with_kernels(model, impl)
-    c = model.config
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    prompts = validate_prompts(prompts, c.vocab_size, max_new_tokens, c.max_position_embeddings)
-    eos_ids = eos_tuple(eos_id)
+    batch = host_batch(model, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                       eos_id=eos_id, key=key)
     if max_new_tokens == 0:
-        return [[] for _ in prompts]
-    tokens, lengths = pad_prompts(prompts)
+        return [[] for _ in batch.prompts]
+    tokens, lengths = batch.tokens, batch.lengths
     max_len = cache_length(tokens.shape[1], int(lengths.max()) + output_width(max_new_tokens))
-    key = jax.random.key(0) if key is None else key
     output, counts = generate_on_device(
-        model, jnp.asarray(tokens), jnp.asarray(lengths), key, jnp.int32(max_new_tokens),
-        params=params, eos_ids=eos_ids, output_width=output_width(max_new_tokens), max_len=max_len,
+        model, jnp.asarray(tokens), jnp.asarray(lengths), batch.key, jnp.int32(max_new_tokens),
+        params=batch.params, eos_ids=batch.eos_ids, output_width=output_width(max_new_tokens), max_len=max_len,
     )
     output, counts = np.asarray(output), np.asarray(counts)
-    return [output[b, : counts[b]].tolist() for b in range(len(prompts))]
+    return [output[b, : counts[b]].tolist() for b in range(len(batch.prompts))]
 
 
 @jax.jit

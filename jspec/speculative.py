@@ -23,11 +23,11 @@ import numpy as np
 from jspec import tree_verify, verify
 from jspec.compile_options import LOOP_COMPILER_OPTIONS
 from jspec.drafters.base import CommitContext, Drafter, PrefillContext, RoundContext
-from jspec.engine import cache_length, eos_tuple, is_eos, output_width, pad_prompts, prefill, validate_prompts
+from jspec.engine import cache_length, host_batch, is_eos, output_width, prefill
 from jspec.execution import with_kernels
 from jspec.kv import KVCache
 from jspec.models import AnyModel as Model, forward
-from jspec.sampling import SamplingParams, probabilities, sample
+from jspec.sampling import probabilities, sample
 from jspec.tree import TreeShape, tree_shape
 
 
@@ -255,7 +255,6 @@ def speculative_generate(
     """
     target = with_kernels(target, impl)
     c = target.config
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, (int, np.integer)) or num_draft_tokens < 1:
         raise ValueError(f"num_draft_tokens must be an int >= 1, got {num_draft_tokens!r}")
     if not isinstance(drafter, Drafter):
@@ -264,7 +263,9 @@ def speculative_generate(
     if tree is not None and not hasattr(drafter, "propose_tree"):
         raise ValueError(f"topk={topk}: {type(drafter).__name__} drafts chains only (topk=1)")
     drafter = drafter.bind(target)  # checks compatibility first
-    prompts = validate_prompts(prompts, c.vocab_size, max_new_tokens, c.max_position_embeddings)
+    batch = host_batch(target, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                       eos_id=eos_id, key=key)
+    prompts, tokens, lengths = batch.prompts, batch.tokens, batch.lengths
     longest = max(len(p) for p in prompts) + max_new_tokens
     # A verify writes k+1 rows after the last committed token, so positions run up to k past the end.
     limits = [c.max_position_embeddings] + [m for m in [drafter.max_positions()] if m is not None]
@@ -273,20 +274,17 @@ def speculative_generate(
             f"num_draft_tokens={num_draft_tokens} is too large: the longest prompt plus max_new_tokens "
             f"({longest}) plus k must fit in max_position_embeddings={min(limits)}"
         )
-    eos_ids = eos_tuple(eos_id)
     if max_new_tokens == 0:
         empty = np.zeros(len(prompts), np.int64)
         stats = dict(rounds=empty, drafted=empty, accepted=empty, mean_acceptance_length=empty.astype(float))
         return SpecResult([[] for _ in prompts], stats)
-    tokens, lengths = pad_prompts(prompts)
     # Rows written past the committed ones in a round: the verify's, and a tree drafter's fed rows.
     written = num_draft_tokens if tree is None else max(num_draft_tokens, tree.fed_rows)
     room = int(lengths.max()) + output_width(max_new_tokens) + written + 1
     capacity = cache_length(tokens.shape[1], room)
-    key = jax.random.key(0) if key is None else key
     history, num_generated, rounds, accepted = speculative_on_device(
-        target, drafter, jnp.asarray(tokens), jnp.asarray(lengths), key, jnp.int32(max_new_tokens),
-        params=params, eos_ids=eos_ids, num_draft_tokens=num_draft_tokens, capacity=capacity, max_len=capacity,
+        target, drafter, jnp.asarray(tokens), jnp.asarray(lengths), batch.key, jnp.int32(max_new_tokens),
+        params=batch.params, eos_ids=batch.eos_ids, num_draft_tokens=num_draft_tokens, capacity=capacity, max_len=capacity,
         tree=tree,
     )
     history, num_generated = np.asarray(history), np.asarray(num_generated)
