@@ -1,15 +1,16 @@
-"""Draft trees as fixed-shape arrays, and EAGLE-2 dynamic tree expansion (REFERENCE.md §3).
+"""Draft trees as fixed-shape arrays, and EAGLE-2 dynamic tree expansion.
 
 A tree has ``n + 1`` nodes per sequence: node 0 is the root (the last emitted token, the first
 verify row), nodes ``1..n`` are drafts in an order where every parent comes before its children.
 The verify position of node ``i`` is the prefix length plus ``depths[:, i]``; ``mask`` is the
 tree attention among the ``n + 1`` verify rows.
 
-``expand`` grows a tree the EAGLE-2 way: the ``topk`` best children of the root, then per level
-the ``topk`` best children of each of the ``topk`` frontier nodes, the ``topk`` best of those by
-cumulative draft log-probability forming the next frontier; finally the ``num_nodes`` best of all
-recorded candidates are kept (the rerank), in candidate order. ``TreeShape`` holds those three
-numbers for a speculation round (``tree_shape`` picks chain or tree).
+``expand`` grows a tree the EAGLE-2 way (SafeAILab/EAGLE ``eagle/model/cnets.py`` ``topK_genrate``):
+the ``topk`` best children of the root, then per level the ``topk`` best children of each of the
+``topk`` frontier nodes, the ``topk`` best of those by cumulative draft log-probability forming the
+next frontier; finally the ``num_nodes`` best of all recorded candidates are kept (the rerank), in
+candidate order. ``TreeShape`` holds those three numbers for a speculation round (``tree_shape``
+picks chain or tree).
 """
 
 from __future__ import annotations

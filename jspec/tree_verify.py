@@ -13,10 +13,11 @@ Both rules return ``path [batch, depth+1]`` (node ids: ``path[:, 0] = 0``, the a
 * ``greedy``: from the root, move to the first child whose token is the argmax of the current
   node's row, until none is.
 * ``rejection_sample``: lossless tree speculative sampling with deterministic children (SpecInfer,
-  EAGLE ``evaluate_posterior``; REFERENCE.md §4.3): at a node with residual ``r`` (first ``p`` of its
-  row), try its children in index order, accepting child ``c`` with probability ``r(c)``; a
-  rejection sets ``r(c) = 0`` and renormalises. After the last rejection emit ``next_token ~ r``.
-  The emitted tokens then have exactly the target's distribution.
+  Miao et al., arXiv:2305.09781; SafeAILab/EAGLE ``eagle/model/utils.py`` ``evaluate_posterior``):
+  at a node with residual ``r`` (first ``p`` of its row), try its children in index order,
+  accepting child ``c`` with probability ``r(c)``; a rejection sets ``r(c) = 0`` and renormalises.
+  After the last rejection emit ``next_token ~ r``. The emitted tokens then have exactly the
+  target's distribution.
 
 ``depth`` (static) bounds the path length; the tree's maximum depth keeps every acceptance, a
 smaller one cuts paths there (still exact: the cut-off children are simply never tried).

@@ -93,9 +93,8 @@ _WARMED_UP = False
 def warm_up_interpret() -> None:
     """Run one trivial interpret-mode Pallas kernel, once per process.
 
-    The first interpret-mode ``pallas_call`` in a process makes the next jitted call retrace once
-    (JAX_PALLAS_NOTES.md §4.2); doing it here, on a tiny kernel, keeps that cost off the kernels
-    under test or benchmark.
+    The first interpret-mode ``pallas_call`` in a process makes the next jitted call retrace once;
+    doing it here, on a tiny kernel, keeps that cost off the kernels under test or benchmark.
     """
     global _WARMED_UP
     if _WARMED_UP:

@@ -1,4 +1,4 @@
-"""Lower a jitted function for CUDA on a CPU-only machine (JAX_PALLAS_NOTES.md §4.3).
+"""Lower a jitted function for CUDA on a CPU-only machine, against an abstract GPU device.
 
 Runs the whole Pallas -> Triton-MLIR lowering against an abstract H100, so Pallas-level GPU
 errors (power-of-two sizes, unsupported primitives, out-of-bounds ref slices) surface in CPU CI.

@@ -1,4 +1,4 @@
-"""The layering the folders tell (DESIGN.md), enforced with import-linter's contracts in
+"""The layering the folders tell (README.md, "Layout"), enforced with import-linter's contracts in
 pyproject.toml: kernels import nothing from jspec; the library in layers (models never import
 drafters, engine or the benchmark lab; the core never imports the lab); configs import no
 kernels; the model families are independent of each other; no import cycle anywhere (imports

@@ -1,7 +1,7 @@
 """frozen-kv: the Gemma 4 assistant drafter (FrozenKVMTP) against plain decoding.
 
 Random weights made on the device: each ``--targets`` preset and an assistant shaped for it
-(:data:`ASSISTANTS`; REFERENCE.md gives only the E2B and 26B-A4B assistant shapes, so the 31B
+(:data:`ASSISTANTS`; only the E2B and 26B-A4B assistant shapes are on record, so the 31B
 target gets H_a 1024 as the 26B-A4B assistant and E4B gets H_a 256 as the E2B one; 4 layers
 ``[S, S, S, F]``), or a real assistant with ``--assistant PATH``. Preset targets get
 :func:`jspec.bench.presets.confident` weights. For each batch size:
@@ -191,7 +191,7 @@ def run(args):
                  "the seed step inside the draft scan (folded) vs a separate jitted call before it; end to end: "
                  "controlled acceptance (a drawn number of drafts per round), alpha solved from the target acceptance length. No real assistant weights were "
                  "reachable here, so the acceptance of rope_position 'bonus' vs 'last_committed' on real weights "
-                 "(REFERENCE.md section 8 item 1) is not measured.")
+                 "(transformers vs SGLang / vLLM / tpu-inference) is not measured.")
     save()
     plots.spec(report.read(args.out), Path(args.out).with_suffix(".png"))
 

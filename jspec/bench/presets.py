@@ -75,7 +75,7 @@ PRESETS: dict[str, LlamaConfig | Gemma4Config] = {
         vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
         head_dim=64, max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
     ),
-    # Dense text decoder of Gemma-4-31B, shapes as specified for this project (REFERENCE §1.5);
+    # Dense text decoder of Gemma-4-31B, shapes as specified for this project;
     # RoPE 1e4 default (sliding) / 1e6 proportional 0.25 (full) are the Gemma4Config defaults.
     # max_position_embeddings = 262144 (the advertised 256K context) is not from a config file.
     "gemma-4-31b": Gemma4Config(

@@ -1,4 +1,4 @@
-"""EAGLE-3: one draft layer over the concatenated target hidden states (REFERENCE §2.2).
+"""EAGLE-3: one draft layer over the concatenated target hidden states (Li et al., arXiv:2503.01840).
 
 Per draft row (token ``t`` at ``j+1``, hidden ``g`` at ``j``)::
 
@@ -9,6 +9,7 @@ Per draft row (token ``t`` at ``j+1``, hidden ``g`` at ``j``)::
     logits_draft = lm_head(norm(x))       # reduced vocab; target id = i + d2t[i]
     recycled hidden = x                   # pre-norm
 
+As in SafeAILab/EAGLE ``eagle/model/cnets.py`` and SpecForge ``specforge/modeling/draft/llama3_eagle.py``.
 The layer uses the head's own RoPE settings. Captured target layers: HF ``hidden_states``
 indices (input of layer i), default ``[2, L//2, L-3]`` resolved by :meth:`Eagle3.bind`.
 
@@ -239,7 +240,7 @@ def is_eagle3_config(cfg: dict) -> bool:
 
 
 def _aux_layers(cfg: dict) -> tuple[int, ...] | None:
-    """Captured target layers in HF ``hidden_states`` indexing (REFERENCE §8 item 7)."""
+    """Captured target layers in HF ``hidden_states`` indexing, whatever convention the config's ids use."""
     if cfg.get("aux_layers_hf_index") is not None:  # jspec's canonical field
         ids = [int(i) for i in cfg["aux_layers_hf_index"]]
     elif (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") is not None:

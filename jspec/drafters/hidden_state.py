@@ -1,10 +1,11 @@
 """Shared machinery of the drafters that read the target's hidden states (EAGLE-3, MTP).
 
 Both are one attention layer with its own KV cache, fed with the pair (token at ``j+1``,
-hidden at ``j``) at draft row ``j`` (REFERENCE §5 pairing rule), drafting by recycling their
-own hidden state. A subclass defines how a row's token and hidden become the layer's
-residual and attention input (``layer_inputs``), what hidden the next step recycles
-(``recycle``), the head (``head_logits``) and the map from draft to target vocabulary.
+hidden at ``j``) at draft row ``j`` (the pairing every engine uses; ggml-org/llama.cpp PR 22728
+works an example), drafting by recycling their own hidden state. A subclass defines how a row's
+token and hidden become the layer's residual and attention input (``layer_inputs``), what hidden
+the next step recycles (``recycle``), the head (``head_logits``) and the map from draft to target
+vocabulary.
 
 Draft state (``HeadState``): the draft KV (``lengths`` = rows written with *target*
 features, equal to the target's committed length) and ``hidden``: the layer output

@@ -1,4 +1,4 @@
-"""MTP / NextN: one extra decoder layer of the target's own type (REFERENCE §2.3, §2.4).
+"""MTP / NextN: one extra decoder layer of the target's own type (DeepSeek-V3, arXiv:2412.19437; Qwen3-Next).
 
 Per draft row (token ``t`` at ``j+1``, hidden ``g`` at ``j``)::
 
@@ -7,10 +7,13 @@ Per draft row (token ``t`` at ``j+1``, hidden ``g`` at ``j``)::
     h' = norm(x)                                      # shared_head.norm / mtp.norm
     logits = lm_head(h')                              # the target's LM head
 
+As in vllm-project/vllm ``vllm/model_executor/models/deepseek_mtp.py`` and ``qwen3_next_mtp.py``,
+SGLang ``python/sglang/srt/models/deepseek_nextn.py`` and transformers ``MtpLayer``.
+
 Embedding and LM head are the target's (attached by :meth:`MTP.bind`). One MTP layer is
 chained for ``k > 1`` drafts, recycling its own hidden.
 
-Hidden-state conventions (REFERENCE §8 items 3-5, where references disagree) are options:
+Hidden-state conventions where public implementations disagree are options:
 
 * ``input_hidden``: the target hidden the first step reads -- ``"post_norm"`` (default:
   transformers ``hidden_states[-1]``, vLLM, SGLang) or ``"pre_norm"`` (llama.cpp's DeepSeek

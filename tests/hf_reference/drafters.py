@@ -54,7 +54,7 @@ def _causal(T):
 
 def _eagle3_layer(W, config, e, h):
     """The EAGLE-3 midlayer over rows (e, h) [T, H] with causal attention at positions 0..T-1
-    (REFERENCE §2.2; SafeAILab/EAGLE cnets.py, SpecForge llama3_eagle.py)."""
+    (EAGLE-3, arXiv:2503.01840; SafeAILab/EAGLE cnets.py, SpecForge llama3_eagle.py)."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
     eps, T = config.rms_norm_eps, e.shape[0]

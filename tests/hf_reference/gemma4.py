@@ -103,7 +103,7 @@ ASSISTANT_CASES = {
 def _all_shared_assistant_config():
     """transformers 5.23's kv_sharing_modes raises for a config whose every layer is KV-shared,
     so Gemma4AssistantForCausalLM cannot be built from a fresh config: treat that case as all
-    "reuse" (REFERENCE §2.5)."""
+    "reuse"."""
     from transformers.models.gemma4 import configuration_gemma4
 
     cls = configuration_gemma4.Gemma4TextConfig

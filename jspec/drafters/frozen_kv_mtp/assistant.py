@@ -1,5 +1,5 @@
 """The Gemma 4 assistant as pure functions: its parameters, one forward step over the target's
-frozen K/V, and its two LM heads (REFERENCE §2.5).
+frozen K/V, and its two LM heads (HF transformers ``Gemma4AssistantForCausalLM``).
 
 One step, for a token ``t`` and a hidden ``h`` in the target's space (width ``H_b``)::
 
@@ -14,11 +14,12 @@ The decoder layers are Gemma 4's own (``jspec.models.gemma4.decoder_layer``): th
 text model is a ``gemma4.Model`` whose every layer is KV-shared, so its attention reads the
 buffers it is handed. Its ``embed`` is the tied LM head, never an input embedding.
 
-Centroid ("masked embedding") head: the top ``centroid_top_k`` of ``num_centroids`` cluster
-scores pick ``centroid_top_k * V / num_centroids`` candidate tokens (``token_ordering`` lists
-each cluster's token ids); only those get a logit. transformers fills the others with
-``min(candidate logits) - 1`` (over the whole batch; here per row, the same at batch 1 and for
-the argmax); when drafts are sampled they get ``-inf`` (probability zero).
+Centroid ("masked embedding", transformers ``Gemma4AssistantMaskedEmbedder``) head: the top
+``centroid_top_k`` of ``num_centroids`` cluster scores pick ``centroid_top_k * V / num_centroids``
+candidate tokens (``token_ordering`` lists each cluster's token ids); only those get a logit.
+transformers fills the others with ``min(candidate logits) - 1`` (over the whole batch; here per
+row, the same at batch 1 and for the argmax); when drafts are sampled they get ``-inf``
+(probability zero).
 """
 
 from __future__ import annotations

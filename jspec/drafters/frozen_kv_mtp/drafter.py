@@ -1,4 +1,4 @@
-"""``FrozenKVMTP``: the Gemma 4 assistant as a drafter (REFERENCE §2.5, §8 items 1, 2, 9).
+"""``FrozenKVMTP``: the Gemma 4 assistant (HF transformers ``Gemma4AssistantForCausalLM``) as a drafter.
 
 The assistant keeps no state: no draft KV, no prefill forward, no catch-up. A round's
 ``propose`` reads the bonus token ``ctx.root`` (at position ``ctx.lengths``), the target's

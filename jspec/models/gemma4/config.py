@@ -1,4 +1,4 @@
-"""Gemma 4 text decoder config (REFERENCE §1.5) and its construction from HF ``config.json``."""
+"""Gemma 4 text decoder config (HF transformers ``Gemma4TextConfig``) and its construction from HF ``config.json``."""
 
 from __future__ import annotations
 

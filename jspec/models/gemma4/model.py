@@ -1,4 +1,4 @@
-"""Gemma 4 dense text decoder as a pure forward function over a parameter pytree (REFERENCE §1.5).
+"""Gemma 4 dense text decoder (transformers ``Gemma4ForCausalLM``) as a pure forward function over a parameter pytree.
 
 Same contract as every family (``jspec.models.base``). What differs from Llama:
 
