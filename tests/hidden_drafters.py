@@ -104,16 +104,16 @@ def check_parity(target, drafter, ref_dir: Path, *, atol=2e-4):
     last = lengths - 1
     shifted = jnp.concatenate([tokens[:, 1:], jnp.zeros((batch, 1), tokens.dtype)], axis=1)
     row_tokens = jnp.where(jnp.arange(width)[None] == last[:, None], first[:, None], shifted)
-    kv = drafter._init_kv(batch, 64, drafter._layer.o.dtype)
+    kv = drafter.init_kv(batch, 64, drafter.layer.o.dtype)
     x_all, _ = drafter.run_rows(kv, row_tokens, drafter.target_features(features), from_target=True)
     logits_all = drafter.head_logits(x_all)
     for b in range(batch):
         n = int(lengths[b])
         # The reference's row hidden is what the next step recycles (EAGLE-3: pre-norm;
         # MTP default: post-norm, transformers' MtpLayer output).
-        np.testing.assert_allclose(drafter._recycle(x_all[b, :n]), ref[f"row_hidden_{b}"], rtol=1e-4, atol=atol)
+        np.testing.assert_allclose(drafter.recycle(x_all[b, :n]), ref[f"row_hidden_{b}"], rtol=1e-4, atol=atol)
         np.testing.assert_allclose(logits_all[b, :n], ref[f"row_logits_{b}"], rtol=1e-4, atol=atol)
-        np.testing.assert_allclose(drafter._recycle(dstate.hidden[b]), ref[f"row_hidden_{b}"][n - 1], rtol=1e-4, atol=atol)
+        np.testing.assert_allclose(drafter.recycle(dstate.hidden[b]), ref[f"row_hidden_{b}"][n - 1], rtol=1e-4, atol=atol)
 
     ctx = RoundContext(None, lengths, first, (), None)
     drafts, probs, _ = drafter.propose(dstate, ctx, num_draft_tokens=steps, params=SamplingParams(), key=jax.random.key(0))
@@ -129,5 +129,5 @@ def check_parity(target, drafter, ref_dir: Path, *, atol=2e-4):
         for b in range(batch):
             np.testing.assert_allclose(logits[b], ref[f"chain_logits_{b}"][step], rtol=1e-4, atol=atol)
         tok = jnp.asarray([int(d[step]) for d in draft_ids], jnp.int32)
-        x, kv = drafter.run_rows(kv, tok[:, None], drafter._recycle(x)[:, None], from_target=False)
+        x, kv = drafter.run_rows(kv, tok[:, None], drafter.recycle(x)[:, None], from_target=False)
         x = x[:, 0]

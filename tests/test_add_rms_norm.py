@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels import skinny_matmul
-from pallas_kernels._dispatch import warm_up_interpret
+from pallas_kernels.dispatch import warm_up_interpret
 from pallas_kernels.add_rms_norm import add_rms_norm, add_rms_norm_reference
 from pallas_kernels.skinny_tilings import SkinnyConfig
 from pallas_kernels.skinny_matmul import skinny_matmul_pallas

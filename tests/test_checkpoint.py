@@ -29,12 +29,25 @@ def test_save_restore_is_bit_exact(tmp_path, dtype):
         np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
 
 
-def test_save_refuses_to_overwrite(tmp_path):
-    model = tiny_model()
-    jspec.save(model, tmp_path / "m")
-    with pytest.raises(FileExistsError):
-        jspec.save(model, tmp_path / "m")
-    jspec.save(model, tmp_path / "m", overwrite=True)
+def _assert_holds(path, model):
+    restored = jspec.restore(path)
+    assert restored.config == model.config
+    for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(restored), strict=True):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+
+
+def test_save_refuses_to_overwrite_unless_asked(tmp_path):
+    """Without ``overwrite`` a non-empty directory is a FileExistsError and keeps the first model;
+    with it, the directory holds the second model bit-exactly (other weights and layer count)."""
+    first, second = tiny_model(0), tiny_model(1, num_layers=1)
+    jspec.save(first, tmp_path / "m")
+    with pytest.raises(FileExistsError, match="pass overwrite=True"):
+        jspec.save(second, tmp_path / "m")
+    _assert_holds(tmp_path / "m", first)
+    jspec.save(second, tmp_path / "m", overwrite=True)
+    _assert_holds(tmp_path / "m", second)
+    assert [p.name for p in tmp_path.iterdir()] == ["m"]
 
 
 def test_an_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):

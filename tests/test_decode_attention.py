@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels import decode_attention, decode_attention_reference
-from pallas_kernels._dispatch import warm_up_interpret
+from pallas_kernels.dispatch import warm_up_interpret
 from pallas_kernels.decode_attention import decode_attention_pallas, visibility_mask
 
 

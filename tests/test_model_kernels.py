@@ -3,23 +3,25 @@ the XLA references: the forward code reaches the kernels only through their disp
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jspec import forward
+from jspec import forward, with_kernels
 from tests.tiny import tiny_model
 
 
-@functools.partial(jax.jit, static_argnames="impl")
 def _prefill_then_decode(model, tokens, *, impl):
+    return _prefill_then_decode_on(with_kernels(model, impl), tokens)
+
+
+@jax.jit
+def _prefill_then_decode_on(model, tokens):
     kv = model.init_cache(tokens.shape[0], 128)
-    prefill_logits, _, kv = forward(model, tokens, kv, impl=impl)
+    prefill_logits, _, kv = forward(model, tokens, kv)
     kv = kv.truncate(jnp.array([4, tokens.shape[1]]))  # ragged: sequence 0 drops two rows
-    step_logits, _, _ = forward(model, tokens[:, :1], kv, logits_rows=jnp.zeros((2, 1), jnp.int32), impl=impl)
+    step_logits, _, _ = forward(model, tokens[:, :1], kv, logits_rows=jnp.zeros((2, 1), jnp.int32))
     return prefill_logits, step_logits
 
 
@@ -34,7 +36,7 @@ def test_forward_on_pallas_kernels_matches_xla():
 
 def test_impl_names_per_kernel_exceptions():
     """``"<default>,<kernel>=<choice>"`` overrides one kernel; anything else is a clear error."""
-    from pallas_kernels._dispatch import check_impl
+    from pallas_kernels.dispatch import check_impl
 
     assert check_impl("auto", "skinny_matmul") == "auto"
     assert check_impl("auto,skinny_matmul=xla", "skinny_matmul") == "xla"

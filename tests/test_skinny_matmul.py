@@ -216,21 +216,27 @@ def test_layers_fuse_the_gate_without_changing_the_unfused_result():
     """jspec.layers hands the MLP's gate (SiLU, tanh GELU) to the matmul's dispatcher on one device;
     where no kernel runs (CPU, "xla") the result is bitwise the unfused composition, and "invariant"
     composes it; on the kernel ("pallas") it agrees within bf16 rounding."""
-    from jspec.layers import fuses_around_kernels, gated_mlp, gelu_tanh, linear
+    from jspec.execution import Execution, Kernels
+    from jspec.layers import ACTIVATIONS, gated_mlp, linear
 
     x, gate_up = _inputs(3, 128, 2 * 64, jnp.bfloat16, seed=1)
     down = _inputs(1, 64, 128, jnp.bfloat16, seed=2)[1]
 
-    for activation in (jax.nn.silu, gelu_tanh):
+    def on(impl):
+        return Execution(Kernels.parse(impl))
+
+    for activation in ("silu", "gelu_tanh"):
         def composed(impl):
-            gate, up = jnp.split(linear(x, gate_up, impl=impl), 2, axis=-1)
-            return linear(activation(gate) * up, down, impl=impl)
+            gate, up = jnp.split(linear(x, gate_up, None, on(impl)), 2, axis=-1)
+            return linear(ACTIVATIONS[activation](gate) * up, down, None, on(impl))
 
         for impl in ("auto", "xla", "invariant"):
-            np.testing.assert_array_equal(np.asarray(gated_mlp(x, gate_up, down, activation, impl=impl)),
+            np.testing.assert_array_equal(np.asarray(gated_mlp(x, gate_up, down, activation, on(impl))),
                                           np.asarray(composed(impl)))
-        fused = np.asarray(gated_mlp(x, gate_up, down, activation, impl="pallas"), np.float32)
+        fused = np.asarray(gated_mlp(x, gate_up, down, activation, on("pallas")), np.float32)
         np.testing.assert_allclose(fused, np.asarray(composed("xla"), np.float32), rtol=3e-2, atol=3e-2)
-    assert fuses_around_kernels("pallas", None) and not fuses_around_kernels("invariant", None)
-    assert not fuses_around_kernels("auto,gather_rows=invariant", None)
-    assert not fuses_around_kernels("auto", object())
+    assert on("pallas").fuses and not on("invariant").fuses
+    assert not on("auto,gather_rows=invariant").fuses
+    assert not Execution(Kernels(), placement=object()).fuses  # a placed model's matmuls run per device
+    with pytest.raises(ValueError, match="activation"):
+        gated_mlp(x, gate_up, down, "relu")

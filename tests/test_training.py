@@ -4,7 +4,6 @@ and drafts losslessly."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import jax
@@ -16,6 +15,7 @@ import jspec
 from jspec import training
 from jspec.drafters import MTP, Eagle3, eagle3, init_mtp_head, mtp
 from jspec.drafters.base import PrefillContext, RoundContext
+from jspec.execution import with_kernels
 from jspec.sampling import SamplingParams
 from jspec.training.trainer import sample_anchors, target_batch
 from tests.stats import assert_matches_distribution
@@ -31,7 +31,7 @@ CFG = training.TrainConfig(learning_rate=3e-3, warmup_steps=5, total_steps=40, s
 def setup():
     """A tiny target, an EAGLE-3 head for it (reduced vocabulary) and the target's own greedy text."""
     target = tiny_model(0, num_layers=4)
-    drafter = Eagle3(eagle3_head(1, target), impl="xla").bind(target)
+    drafter = Eagle3(eagle3_head(1, target)).bind(with_kernels(target, "xla"))  # no gradients through kernels
     rng = np.random.default_rng(0)
     prompts = [list(rng.integers(0, target.config.vocab_size, 4)) for _ in range(6)]
     text = [p + o for p, o in zip(prompts, jspec.generate(target, prompts, 20))]
@@ -40,7 +40,7 @@ def setup():
 
 
 def _mtp(target):
-    return MTP(init_mtp_head(target.config, jax.random.key(3), scale=0.3), impl="xla").bind(target)
+    return MTP(init_mtp_head(target.config, jax.random.key(3), scale=0.3)).bind(with_kernels(target, "xla"))
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "mtp"])
@@ -83,13 +83,12 @@ def test_training_logits_are_the_drafting_logits(setup):
     samples, read back from the exact draft distributions it returns)."""
     target, drafter, tokens, lengths = setup
     anchor, steps = 9, 4
-    drafter = dataclasses.replace(drafter, impl="xla")
     features = target_batch(target, drafter, tokens[:1], lengths[:1])["features"]
     drafts, probs = _propose(drafter, tokens[:1], features, anchor, steps, SamplingParams(temperature=1.0))
     fed = tokens[:1].at[:, anchor + 2:anchor + 2 + steps].set(drafts)
     first, later = training.step_logits(drafter, fed, features, jnp.array([[anchor]]), steps=steps)
     logits = jnp.concatenate([first[:, anchor][None], later], axis=0)[:, 0]  # [steps, V_d]
-    want = jax.nn.softmax(drafter._draft_vocab_to_target(logits), axis=-1)
+    want = jax.nn.softmax(drafter.draft_vocab_to_target(logits), axis=-1)
     np.testing.assert_allclose(np.asarray(want), np.asarray(probs[0]), atol=1e-5)
 
 
@@ -134,7 +133,7 @@ def test_an_exported_head_loads_and_drafts_losslessly(setup, tmp_path, kind):
         state, _ = training.train_step(state, drafter, target, tokens, lengths, cfg=CFG)
     trained = training.with_params(drafter, state.params)
     module.save_head(trained.head, tmp_path / "head", metadata=dict(steps=5))
-    loaded = type(drafter).load(tmp_path / "head", impl="xla").bind(target)
+    loaded = type(drafter).load(tmp_path / "head").bind(with_kernels(target, "xla"))
     for a, b in zip(jax.tree.leaves(trained.head), jax.tree.leaves(loaded.head), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     features = target_batch(target, drafter, tokens, lengths)["features"]
@@ -169,13 +168,13 @@ def test_a_trained_head_samples_the_exact_target_distribution():
     """A head trained a few steps (reduced vocabulary) drafts for rejection sampling: the output
     still has exactly the target's distribution (chi-square on a tiny vocabulary)."""
     target = tiny_model(11, vocab_size=SAMPLING_VOCAB, num_layers=4)
-    drafter = Eagle3(eagle3_head(12, target, draft_vocab=6), impl="xla").bind(target)
+    drafter = Eagle3(eagle3_head(12, target, draft_vocab=6)).bind(with_kernels(target, "xla"))
     tokens = jnp.asarray(np.random.default_rng(1).integers(0, SAMPLING_VOCAB, (4, 16)), jnp.int32)
     lengths = jnp.full((4,), 16, jnp.int32)
     state = training.init_state(drafter, CFG, jax.random.key(0))
     for _ in range(5):
         state, _ = training.train_step(state, drafter, target, tokens, lengths, cfg=CFG)
-    trained = dataclasses.replace(training.with_params(drafter, state.params), impl="auto")
+    trained = training.with_params(drafter, state.params)  # speculative_generate binds it to the target again
     prompt, sampling = [1, 5, 1, 5, 2], dict(temperature=1.0)
     result = jspec.speculative_generate(target, trained, [prompt] * 6_000, 3, num_draft_tokens=2,
                                         key=jax.random.key(4), **sampling)

@@ -111,7 +111,7 @@ def test_tree_children_are_the_top_k_of_the_chain_along_their_path(first_round):
     def chain_top_k(dstate, rows, paths):  # paths [n, l] fed one by one after sequence rows[n]'s committed rows
         kv, hidden = jax.tree.map(lambda a: a[rows], (dstate.kv, dstate.hidden))
         for i in range(paths.shape[1]):
-            x, kv = drafter.run_rows(kv, paths[:, i : i + 1], drafter._recycle(hidden)[:, None], from_target=False)
+            x, kv = drafter.run_rows(kv, paths[:, i : i + 1], drafter.recycle(hidden)[:, None], from_target=False)
             hidden = x[:, 0]
         return jax.lax.top_k(drafter.log_probs(hidden), TREE.topk)[1]
 
