@@ -14,10 +14,10 @@ from jspec.execution import DEFAULT, Execution
 from jspec.parallel import split_columns
 from jspec.step import Step
 from pallas_kernels import skinny_matmul
-from pallas_kernels.add_rms_norm import add_parts, add_rms_norm
-from pallas_kernels.skinny_matmul import GATES
-from pallas_kernels.gather_rows import FP32_SCALE, gather_rows_pallas, rms_norm as _rms_norm
-from pallas_kernels.gather_rows import rms_norm_fp32_scale as _rms_norm_fp32_scale
+from pallas_kernels.norm.add_rms_norm import add_parts, add_rms_norm
+from pallas_kernels.matmul.skinny_matmul import GATES
+from pallas_kernels.norm.gather_rows import FP32_SCALE, gather_rows_pallas, rms_norm as _rms_norm
+from pallas_kernels.norm.gather_rows import rms_norm_fp32_scale as _rms_norm_fp32_scale
 from pallas_kernels.rope_write import check_norm, rope_write, rope_write_heads, rotate_half
 
 __all__ = ["rms_norm", "rms_norm_fp32_scale", "add_parts", "add_rms_norm", "linear", "gated_mlp", "ACTIVATIONS",

@@ -27,7 +27,7 @@ from jspec.engine import cache_length, host_batch, is_eos, output_width, prefill
 from jspec.execution import with_kernels
 from jspec.kv import KVCache
 from jspec.models import AnyModel as Model, forward
-from jspec.sampling import probabilities, sample
+from jspec.sampling import SamplingParams, probabilities, sample
 from jspec.tree import TreeShape, tree_shape
 
 
@@ -195,30 +195,36 @@ def _accept(state, drafter, verified: CommitContext, target_kv, draft_state, key
     )
 
 
-@functools.partial(
-    jax.jit, static_argnames=("params", "eos_ids", "num_draft_tokens", "capacity", "max_len", "tree"),
-    compiler_options=LOOP_COMPILER_OPTIONS,
-)
-def speculative_on_device(
-    target, drafter, tokens, prompt_lengths, key, max_new_tokens, *,
-    params, eos_ids, num_draft_tokens, capacity, max_len, tree=None, acceptance=None,
-):
-    """Prefill, then speculation rounds in a ``lax.while_loop`` until every sequence is done.
+@dataclasses.dataclass(frozen=True)
+class Loop:
+    """The static settings of one speculative loop (one compiled program per value)."""
+
+    params: SamplingParams
+    eos_ids: tuple[int, ...]
+    num_draft_tokens: int  # k: a chain's drafts, or a tree's nodes
+    capacity: int  # history width: prompt + emitted tokens + a round's rows
+    max_len: int  # cache rows
+    tree: TreeShape | None = None
+
+
+@functools.partial(jax.jit, static_argnames=("loop",), compiler_options=LOOP_COMPILER_OPTIONS)
+def speculative_on_device(target, drafter, tokens, prompt_lengths, key, max_new_tokens, *, loop: Loop,
+                          acceptance=None):
+    """Prefill right-padded prompts ``tokens [batch, width]`` of ``prompt_lengths [batch]``, then
+    speculation rounds in a ``lax.while_loop`` until every sequence is done.
 
     ``max_new_tokens`` is traced, and so are the leaves of ``acceptance`` (see
     :func:`speculative_round`). Compiled with :data:`jspec.compile_options.LOOP_COMPILER_OPTIONS`.
     Returns (history ``[batch, capacity]``, emitted counts, rounds, accepted drafts), each per sequence.
     """
-    state = start(
-        target, drafter, tokens, prompt_lengths, key,
-        params=params, eos_ids=eos_ids, capacity=capacity, max_len=max_len,
-    )
+    state = start(target, drafter, tokens, prompt_lengths, key, params=loop.params, eos_ids=loop.eos_ids,
+                  capacity=loop.capacity, max_len=loop.max_len)
     state = dataclasses.replace(state, done=state.done | (max_new_tokens <= 1))
 
     def round_(s):
         return speculative_round(
-            target, drafter, s, num_draft_tokens=num_draft_tokens, params=params,
-            eos_ids=eos_ids, max_new_tokens=max_new_tokens, tree=tree, acceptance=acceptance,
+            target, drafter, s, num_draft_tokens=loop.num_draft_tokens, params=loop.params,
+            eos_ids=loop.eos_ids, max_new_tokens=max_new_tokens, tree=loop.tree, acceptance=acceptance,
         )
 
     state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), round_, state)
@@ -282,11 +288,9 @@ def speculative_generate(
     written = num_draft_tokens if tree is None else max(num_draft_tokens, tree.fed_rows)
     room = int(lengths.max()) + output_width(max_new_tokens) + written + 1
     capacity = cache_length(tokens.shape[1], room)
+    loop = Loop(batch.params, batch.eos_ids, num_draft_tokens, capacity, capacity, tree)
     history, num_generated, rounds, accepted = speculative_on_device(
-        target, drafter, jnp.asarray(tokens), jnp.asarray(lengths), batch.key, jnp.int32(max_new_tokens),
-        params=batch.params, eos_ids=batch.eos_ids, num_draft_tokens=num_draft_tokens, capacity=capacity, max_len=capacity,
-        tree=tree,
-    )
+        target, drafter, jnp.asarray(tokens), jnp.asarray(lengths), batch.key, jnp.int32(max_new_tokens), loop=loop)
     history, num_generated = np.asarray(history), np.asarray(num_generated)
     rounds, accepted = np.asarray(rounds), np.asarray(accepted)
     out = [history[b, lengths[b] : lengths[b] + num_generated[b]].tolist() for b in range(len(prompts))]

@@ -26,7 +26,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import pdl
 from pallas_kernels.dispatch import check_impl, interpret_mode, on_gpu
-from pallas_kernels.gather_rows import FP32_SCALE, rms_norm, rms_norm_fp32_scale
+from pallas_kernels.norm.gather_rows import FP32_SCALE, rms_norm, rms_norm_fp32_scale
 
 MAX_BLOCK_T = 64  # rows of one program; longer inputs (prefill) take several T tiles
 # Elements of one [rows, head_dim / 2] tile: six such tiles (both halves of x, cos and sin) live in

@@ -12,9 +12,9 @@ import pytest
 
 from pallas_kernels import skinny_matmul
 from pallas_kernels.dispatch import warm_up_interpret
-from pallas_kernels.add_rms_norm import add_rms_norm, add_rms_norm_reference
-from pallas_kernels.skinny_tilings import SkinnyConfig
-from pallas_kernels.skinny_matmul import skinny_matmul_pallas
+from pallas_kernels.norm.add_rms_norm import add_rms_norm, add_rms_norm_reference
+from pallas_kernels.matmul.skinny_tilings import SkinnyConfig
+from pallas_kernels.matmul.skinny_matmul import skinny_matmul_pallas
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -153,7 +153,7 @@ def test_auto_takes_the_kernel_for_partials_one_gather_holds():
     """On a GPU ``auto`` fuses where one program's gather holds a row's partials: any row at decode up
     to 32768 fp32 (Llama-3.2-1B's 16 x 2048, a tie there), half that at several rows, where 1B's
     16 x 2048 measured slower than XLA (benchmarks/add_rms_norm_kernel_h100.json)."""
-    from pallas_kernels.add_rms_norm import use_pallas
+    from pallas_kernels.norm.add_rms_norm import use_pallas
 
     assert use_pallas(1, 1, 576) and use_pallas(5, 4, 896) and use_pallas(1, 16, 2048) and use_pallas(1, 8, 2560)
     assert use_pallas(9, 8, 2048) and use_pallas(1, 4, 4096)

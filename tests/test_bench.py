@@ -437,7 +437,7 @@ def test_tokamax_peers_get_their_own_layout_and_the_lengths(monkeypatch):
 
     from jspec.bench import peers
     from jspec.bench.kernel_check import decode_attention_inputs
-    from pallas_kernels.decode_attention import decode_attention_reference
+    from pallas_kernels.attention.decode_attention import decode_attention_reference
 
     assert peers.available(peers.ATTENTION) == [] and peers.available(peers.MATMUL) == []  # CPU
     calls = []

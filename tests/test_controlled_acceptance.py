@@ -57,8 +57,8 @@ def test_speculative_loop_measures_the_expected_acceptance():
     def measured(alpha):
         _, generated, rounds, accepted = speculative.speculative_on_device(
             target, DraftModel(draft).bind(target), prompts, jnp.full((batch,), context), jax.random.key(0),
-            jnp.int32(new_tokens), params=SamplingParams(), eos_ids=(), num_draft_tokens=k, capacity=capacity,
-            max_len=capacity, acceptance=ControlledAcceptance(jnp.float32(alpha)))
+            jnp.int32(new_tokens), loop=speculative.Loop(SamplingParams(), (), k, capacity, capacity),
+            acceptance=ControlledAcceptance(jnp.float32(alpha)))
         assert (np.asarray(generated) == new_tokens).all()
         rounds, accepted = np.asarray(rounds).sum(), np.asarray(accepted).sum()
         return (accepted + rounds) / rounds

@@ -18,7 +18,7 @@ import pytest
 
 from pallas_kernels import decode_attention, decode_attention_reference
 from pallas_kernels.dispatch import warm_up_interpret
-from pallas_kernels.decode_attention import decode_attention_pallas, visibility_mask
+from pallas_kernels.attention.decode_attention import decode_attention_pallas, visibility_mask
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -206,7 +206,7 @@ def test_auto_is_reference_on_cpu():
 
 
 def test_auto_rule_on_gpu():
-    from pallas_kernels.decode_attention import use_pallas
+    from pallas_kernels.attention.decode_attention import use_pallas
 
     bf = jnp.bfloat16
     assert use_pallas(1, 1, 32, 8, 131072, 128, bf)
@@ -225,7 +225,7 @@ def test_auto_rule_on_gpu():
 def test_auto_gives_past_64_wide_rows_to_the_wide_kernel_not_the_reference(monkeypatch):
     """... but the wide-head kernel's 64-row M tiles (31B verifying 8 drafts: 72 rows), unless a
     window or a tree mask keeps them on the reference; 40 rows go to the N-axis kernel."""
-    da = importlib.import_module("pallas_kernels.decode_attention")  # the package re-exports the function
+    da = importlib.import_module("pallas_kernels.attention.decode_attention")  # the package re-exports the function
     monkeypatch.setattr(da, "on_gpu", lambda: True)
     taken = []
     monkeypatch.setattr(da, "decode_attention_wide", lambda *a, **kw: taken.append("wide"))
@@ -247,7 +247,7 @@ def test_wide_heads_up_to_40_rows_go_to_the_n_axis_kernel():
     """head_dim 512 without window or tree mask, up to 40 query rows x GQA group and from 8k
     (sequence x KV head x cache row) triples: the kernel with the rows on WGMMA's N axis; 72 rows
     the M-axis kernel; a window, a tree mask or a small cache the Triton kernel / the reference."""
-    from pallas_kernels.decode_attention import wide_head_kernel
+    from pallas_kernels.attention.decode_attention import wide_head_kernel
 
     bf = jnp.bfloat16
     assert wide_head_kernel(1, 1, 32, 4, 4096, 512, bf) == "swapped"  # 31B decode: 8 rows
@@ -263,7 +263,7 @@ def test_wide_heads_up_to_40_rows_go_to_the_n_axis_kernel():
 def test_one_row_tiling_keeps_the_cache_streaming():
     """One query row (GQA 4, Llama-3.1-8B heads): ~16k cache rows in flight over the GPU, on as few
     programs as that takes (the H100 sweeps in benchmarks/decode_attention_tiling_h100.json)."""
-    from pallas_kernels.decode_tiling import _ROWS_IN_FLIGHT, tiling
+    from pallas_kernels.attention.decode_tiling import _ROWS_IN_FLIGHT, tiling
 
     expected = {1: (32, 32), 8: (64, 2), 16: (64, 1), 32: (32, 1)}  # batch: (block_k, k_splits)
     for batch, (block_k, k_splits) in expected.items():
@@ -278,7 +278,7 @@ def test_a_short_cache_is_read_one_block_per_program():
     """When every (sequence, KV head) pair's cache fits one wave of 64-row blocks (132 programs),
     each program reads one block: small models' decode is bound by latency there (H100:
     benchmarks/decode_attention_small_h100.json). Longer caches and wide heads keep the rule."""
-    from pallas_kernels.decode_tiling import tiling
+    from pallas_kernels.attention.decode_tiling import tiling
 
     for heads, context, splits in (((9, 3, 64), 512, 8), ((9, 3, 64), 2048, 32), ((32, 8, 64), 1024, 16)):
         for num_q in (1, 5) if heads[1] == 3 else (1,):  # SmolLM2's 5 rows x GQA 3 still fit a 16-row block
@@ -293,7 +293,7 @@ def test_gemma4_tiling_is_a_function_of_head_dim_and_window():
     """head_dim >= 256: 16-row M blocks whatever the rows x group (larger blocks spill registers);
     head_dim 512: block_k 32 with 2 stages; a window sizes the splits for the rows it lets the
     queries see, not for the cache length."""
-    from pallas_kernels.decode_tiling import tiling
+    from pallas_kernels.attention.decode_tiling import tiling
 
     for num_q, expected in ((1, (16, 32, 2, 4)), (5, (64, 16, 3, 8)), (9, (16, 32, 2, 4))):
         full = tiling(1, num_q, 32, 4, 32768, 512)  # 31B full layers: 8, 40, 72 M rows
@@ -345,7 +345,7 @@ def test_gemma4_shapes_match_reference(name):
 @pytest.mark.parametrize("head_dim", [64, 128, 256, 512])
 @pytest.mark.parametrize("rows", [1, 5, 16, 128])
 def test_default_tiling_fits_shared_memory(head_dim, rows):
-    from pallas_kernels.decode_tiling import _SMEM_BUDGET, _default_config, _smem_bytes
+    from pallas_kernels.attention.decode_tiling import _SMEM_BUDGET, _default_config, _smem_bytes
 
     block_m = max(16, min(1 << (rows * 8 - 1).bit_length(), 64))
     cfg = _default_config(1, 4, 1, 8192, head_dim, block_m)

@@ -117,7 +117,7 @@ def test_gemma_4_31b_attention_lowers_for_cuda(kind):
     """The attention kernel at Gemma-4-31B verify shapes (sliding: 16 KV heads x 256, window
     1024; full: 4 KV heads x 512), scale 1.0, lowers for an abstract H100 (no GPU needed)."""
     from jspec.bench.presets import PRESETS
-    from pallas_kernels.decode_attention import decode_attention_pallas
+    from pallas_kernels.attention.decode_attention import decode_attention_pallas
     from tests._lowering import lower_for_cuda, triton_kernel_count
 
     c = PRESETS["gemma-4-31b"]

@@ -15,9 +15,9 @@ import jspec
 from jspec import forward, with_kernels
 from jspec.drafters import MTP, DraftModel, Eagle3, FrozenKVMTP, NGram, assistant_config, init_assistant, init_mtp_head
 from jspec.models.gemma4 import FULL, SLIDING
-from pallas_kernels.decode_attention import decode_attention, decode_attention_reference
-from pallas_kernels.invariant_attention import decode_attention_invariant
-from pallas_kernels.skinny_matmul import invariant_config, skinny_matmul, skinny_matmul_pallas, skinny_matmul_reference
+from pallas_kernels.attention.decode_attention import decode_attention, decode_attention_reference
+from pallas_kernels.attention.invariant_attention import decode_attention_invariant
+from pallas_kernels.matmul.skinny_matmul import invariant_config, skinny_matmul, skinny_matmul_pallas, skinny_matmul_reference
 from tests._lowering import lower_for_cuda, triton_kernel_count
 from tests.tiny import TINY, TINY_GEMMA4, eagle3_head
 
@@ -129,7 +129,7 @@ def _pairwise_dot(a, b, dtype):
 
 @pytest.fixture
 def pairwise_dots(monkeypatch):
-    monkeypatch.setattr(importlib.import_module("pallas_kernels.invariant_attention"), "_dot", _pairwise_dot)
+    monkeypatch.setattr(importlib.import_module("pallas_kernels.attention.invariant_attention"), "_dot", _pairwise_dot)
     jax.clear_caches()  # no program traced with the other dot
     yield
     monkeypatch.undo()

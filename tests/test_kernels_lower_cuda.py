@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from pallas_kernels.add_rms_norm import add_rms_norm_pallas
-from pallas_kernels.decode_attention import decode_attention_pallas
-from pallas_kernels.gather_rows import gather_rows_pallas
+from pallas_kernels.norm.add_rms_norm import add_rms_norm_pallas
+from pallas_kernels.attention.decode_attention import decode_attention_pallas
+from pallas_kernels.norm.gather_rows import gather_rows_pallas
 from tests._lowering import lower_for_cuda, triton_kernel_count
 
 _S = jax.ShapeDtypeStruct
@@ -104,7 +104,7 @@ def test_add_rms_norm_with_a_scale_lowers_for_cuda():
     assert triton_kernel_count(text) == 1
 
 
-# --- skinny matmul (pallas_kernels/skinny_matmul.py) ---------------------------------------
+# --- skinny matmul (pallas_kernels/matmul/skinny_matmul.py) ---------------------------------------
 
 @pytest.mark.parametrize(
     "m,k,n,dtype,cfg",
@@ -124,7 +124,7 @@ def test_add_rms_norm_with_a_scale_lowers_for_cuda():
 def test_skinny_matmul_lowers_for_cuda(m, k, n, dtype, cfg):
     import importlib
 
-    sm = importlib.import_module("pallas_kernels.skinny_matmul")
+    sm = importlib.import_module("pallas_kernels.matmul.skinny_matmul")
     config = None if cfg is None else sm.SkinnyConfig(*cfg)
 
     def fn(x, w):
@@ -139,7 +139,7 @@ def test_skinny_matmul_lowers_for_cuda(m, k, n, dtype, cfg):
 def test_skinny_matmul_with_gate_lowers_for_cuda(m, k, n, gated):
     import importlib
 
-    sm = importlib.import_module("pallas_kernels.skinny_matmul")
+    sm = importlib.import_module("pallas_kernels.matmul.skinny_matmul")
 
     def fn(x, w):
         return sm.skinny_matmul_pallas(x, w, gated=gated, interpret=False)

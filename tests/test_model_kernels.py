@@ -66,7 +66,7 @@ def test_bf16_decode_on_the_short_k_tilings_matches_xla():
     import jspec
     from tests.tiny import TINY
 
-    sm = importlib.import_module("pallas_kernels.skinny_matmul")
+    sm = importlib.import_module("pallas_kernels.matmul.skinny_matmul")
     model = jspec.init_params(dataclasses.replace(TINY, qkv_bias=True), jax.random.key(0), jnp.bfloat16, scale=0.3)
     assert sm.default_config(2, model.config.hidden_size, 64).split_k == 1  # decode rows: the short-K tiling
     tokens = jax.random.randint(jax.random.key(1), (2, 6), 0, model.config.vocab_size)

@@ -13,13 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels import pdl
-from pallas_kernels.add_rms_norm import add_rms_norm_pallas
-from pallas_kernels.decode_attention import decode_attention_pallas
-from pallas_kernels.gather_rows import gather_rows_pallas
-from pallas_kernels.invariant_attention import decode_attention_invariant
+from pallas_kernels.norm.add_rms_norm import add_rms_norm_pallas
+from pallas_kernels.attention.decode_attention import decode_attention_pallas
+from pallas_kernels.norm.gather_rows import gather_rows_pallas
+from pallas_kernels.attention.invariant_attention import decode_attention_invariant
 from pallas_kernels.rope_write import rope_write_pallas
-from pallas_kernels.skinny_matmul import skinny_matmul_pallas
-from pallas_kernels.wide_head_merge import merge_splits
+from pallas_kernels.matmul.skinny_matmul import skinny_matmul_pallas
+from pallas_kernels.attention.wide_head_merge import merge_splits
 from tests._lowering import lower_for_cuda, triton_kernel_count
 
 _S = jax.ShapeDtypeStruct

@@ -16,7 +16,7 @@ import pytest
 
 from pallas_kernels import skinny_matmul, skinny_matmul_reference
 
-sm = importlib.import_module("pallas_kernels.skinny_matmul")  # the module (the package exports the fn)
+sm = importlib.import_module("pallas_kernels.matmul.skinny_matmul")  # the module (the package exports the fn)
 SkinnyConfig = sm.SkinnyConfig
 
 # K, N are not multiples of the blocks; split-K leaves a ragged last split.

@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.decode_attention import decode_attention_reference
-from pallas_kernels.wide_head_decode import decode_attention_wide
-from pallas_kernels.wide_head_tiling import (default_block_kv, default_share_scores, default_slots, default_splits,
+from pallas_kernels.attention.decode_attention import decode_attention_reference
+from pallas_kernels.attention.wide_head_decode import decode_attention_wide
+from pallas_kernels.attention.wide_head_tiling import (default_block_kv, default_share_scores, default_slots, default_splits,
                                              supports)
-from pallas_kernels.wide_head_merge import merge_splits, merge_splits_reference
+from pallas_kernels.attention.wide_head_merge import merge_splits, merge_splits_reference
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu" and jax.__version_info__ < (0, 12),
                                 reason="the Mosaic GPU interpreter needs jax >= 0.12")

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from pallas_kernels.wide_head_swapped import (decode_attention_swapped, default_row_groups, default_splits, group_rows,
+from pallas_kernels.attention.wide_head_swapped import (decode_attention_swapped, default_row_groups, default_splits, group_rows,
                                               supports)
 from tests.test_wide_head_decode import _case, check_against_the_reference
 

@@ -35,8 +35,8 @@ def compile_seconds(target, drafter, context, k, impl) -> tuple[float, float]:
     drafter = drafter.bind(target)
     start = time.perf_counter()
     traced = speculative.speculative_on_device.trace(
-        target, drafter, tokens, lengths, jax.random.key(0), jnp.int32(128), params=GREEDY, eos_ids=(),
-        num_draft_tokens=k, capacity=capacity, max_len=capacity,
+        target, drafter, tokens, lengths, jax.random.key(0), jnp.int32(128),
+        loop=speculative.Loop(GREEDY, (), k, capacity, capacity),
     )
     lowered = traced.lower()
     lower_s = time.perf_counter() - start

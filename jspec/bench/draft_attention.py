@@ -4,7 +4,7 @@ shapes (the frozen-KV drafter's attention, and the target's own decode / verify)
 Shapes (``--shapes``): 31B full layers 32 query / 4 KV heads, head_dim 512; 31B sliding layers
 32 / 16, head_dim 256, window 1024; E4B full 8 / 2, head_dim 512; E4B sliding 8 / 2, head_dim 256,
 window 512. Every shape x batch x context x query rows: the Pallas kernel (its default tiling,
-``pallas_kernels.decode_tiling.tiling``), the jnp reference, and cuDNN
+``pallas_kernels.attention.decode_tiling.tiling``), the jnp reference, and cuDNN
 (``jax.nn.dot_product_attention``) where it runs, on its own layout ``[batch, rows, kv_heads,
 head_dim]`` made outside the timed region: the whole cache for full layers, only the rows a
 sliding window can see for sliding layers (a ring buffer, cuDNN's best case). cuDNN has no
@@ -56,10 +56,10 @@ def _functions(shape, batch, context, num_q, variants, *, dtype, with_cudnn):
     import jax
     import jax.numpy as jnp
 
-    from pallas_kernels.decode_attention import (
+    from pallas_kernels.attention.decode_attention import (
         decode_attention, decode_attention_pallas, decode_attention_reference, wide_head_kernel)
-    from pallas_kernels.wide_head_decode import decode_attention_wide
-    from pallas_kernels.wide_head_swapped import decode_attention_swapped
+    from pallas_kernels.attention.wide_head_decode import decode_attention_wide
+    from pallas_kernels.attention.wide_head_swapped import decode_attention_swapped
 
     num_q_heads, num_kv_heads, head_dim, window = shape
     dtype = jnp.dtype(dtype)
@@ -143,8 +143,8 @@ def measure_row(cfg, shapes, executables, *, variants=(), repeats=5, seed=0, dty
     import jax
 
     from jspec.bench.timing import Timing, interleaved_gpu_times, time_fn
-    from pallas_kernels.decode_attention import wide_head_kernel
-    from pallas_kernels.decode_tiling import tiling
+    from pallas_kernels.attention.decode_attention import wide_head_kernel
+    from pallas_kernels.attention.decode_tiling import tiling
 
     shape_name, batch, context, num_q = cfg
     num_q_heads, num_kv_heads, head_dim, window = shape = shapes[shape_name]
@@ -279,8 +279,8 @@ def add_flags(p):
     p.add_argument("--max-kv-gb", type=float, default=40.0, help="skip sizes whose K+V exceed this (default 40 GB)")
     p.add_argument("--variants", default="", help="JSON list of kernel tilings to time beside the default, "
                    "e.g. '[{\"block_m\": 16, \"block_k\": 32, \"num_stages\": 2}, {\"num_warps\": 8}]'; "
-                   "\"kernel\": \"wide\" times pallas_kernels.wide_head_decode with the other keys, \"swapped\" "
-                   "pallas_kernels.wide_head_swapped (the rows on WGMMA's N axis)")
+                   "\"kernel\": \"wide\" times pallas_kernels.attention.wide_head_decode with the other keys, \"swapped\" "
+                   "pallas_kernels.attention.wide_head_swapped (the rows on WGMMA's N axis)")
 
 
 TINY = dict(batches=[2], contexts=[40], queries=[3], repeats=2)

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels import decode_attention, gather_rows, skinny_matmul
-from pallas_kernels.add_rms_norm import add_rms_norm
-from pallas_kernels.decode_attention import decode_attention_pallas, decode_attention_reference
-from pallas_kernels.decode_tiling import tiling
+from pallas_kernels.norm.add_rms_norm import add_rms_norm
+from pallas_kernels.attention.decode_attention import decode_attention_pallas, decode_attention_reference
+from pallas_kernels.attention.decode_tiling import tiling
 from pallas_kernels.rope_write import rope_write
 
 
@@ -246,7 +246,7 @@ def check_rope_write(seed=0):
 
 def check_wide_swapped(max_len_cap=None, seed=0):
     """The wide-head kernel with the rows on WGMMA's N axis against the reference."""
-    from pallas_kernels.wide_head_swapped import decode_attention_swapped
+    from pallas_kernels.attention.wide_head_swapped import decode_attention_swapped
 
     # (name, case, kernel kwargs): 31B's 72 rows (two row groups, one), E4B's 20 (GQA 4: q padded by
     # XLA), 31B decode

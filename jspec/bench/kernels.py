@@ -53,7 +53,7 @@ def bench_decode_one(batch, num_q, context, *, hq=32, hkv=8, head_dim=128, lengt
 
     from jspec.bench.kernel_check import decode_attention_inputs
     from jspec.bench.timing import chained, gpu_seconds, time_fn
-    from pallas_kernels.decode_attention import decode_attention_pallas, decode_attention_reference
+    from pallas_kernels.attention.decode_attention import decode_attention_pallas, decode_attention_reference
 
     lengths = [context] * batch if lengths is None else list(lengths)
     dtype = jnp.dtype(dtype)
@@ -123,7 +123,7 @@ def run_decode(args, copy_tb_s, save):
     """The grid (every batch x query rows x context), then ragged batches in a long cache."""
     from tqdm import tqdm
 
-    from pallas_kernels.decode_tiling import tiling
+    from pallas_kernels.attention.decode_tiling import tiling
 
     hq, hkv, head_dim = args.heads
     kv_row_bytes = 2 * hkv * head_dim * 2  # K and V of one cache row, bf16
@@ -169,7 +169,7 @@ def run_sweep(args, copy_tb_s):
     """Tiling variants of each --sweep-shapes shape, in interleaved rounds."""
     from tqdm import tqdm
 
-    from pallas_kernels.decode_tiling import tiling
+    from pallas_kernels.attention.decode_tiling import tiling
 
     hq, hkv, head_dim = args.heads
     jobs = []
@@ -208,7 +208,7 @@ def run_gather(args):
     from tqdm import tqdm
 
     from jspec.bench.timing import chained, time_fn
-    from pallas_kernels.gather_rows import gather_rows_pallas, gather_rows_reference
+    from pallas_kernels.norm.gather_rows import gather_rows_pallas, gather_rows_reference
 
     rows_out = []
     configs = [(b, t, h, n) for b in (1, 8, 32) for t in (128, 2048) for h in (2048, 4096) for n in (None, 5)]

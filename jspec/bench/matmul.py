@@ -1,4 +1,4 @@
-"""matmul: the weight-streaming skinny matmul (pallas_kernels.skinny_matmul) on a GPU.
+"""matmul: the weight-streaming skinny matmul (pallas_kernels.matmul.skinny_matmul) on a GPU.
 
 One run does, in order:
   1. torch, in a subprocess (``matmul --torch-only``, see ``matmul_torch``): device copy
@@ -160,7 +160,7 @@ def run(args):
 
     import jax
 
-    sm = importlib.import_module("pallas_kernels.skinny_matmul")  # the module, not the function it exports
+    sm = importlib.import_module("pallas_kernels.matmul.skinny_matmul")  # the module, not the function it exports
 
     t_start = time.time()
     path = os.path.join(args.out, "skinny_matmul.json")

@@ -150,8 +150,8 @@ def end_to_end(target, drafter, batch, args, tags, round_rows=()) -> list[dict]:
                 tqdm.write(f"{label}: plain decoding, {plain_tps:.1f} tok/s")
                 continue
             spec = lambda m, k=k: speculative.speculative_on_device(  # noqa: E731
-                target, drafter, prompts, lengths, jax.random.key(0), jnp.int32(m), params=GREEDY, eos_ids=(),
-                num_draft_tokens=k, capacity=capacity, max_len=capacity, acceptance=acceptance,
+                target, drafter, prompts, lengths, jax.random.key(0), jnp.int32(m),
+                loop=speculative.Loop(GREEDY, (), k, capacity, capacity), acceptance=acceptance,
             )
             s1, sn = time_fn(lambda: spec(1), repeats=args.repeats), time_fn(lambda: spec(n), repeats=args.repeats)
             _, _, rounds, accepted = spec(n)

@@ -36,7 +36,7 @@ from jspec.models.base import (NO_CAPTURE, Capture, as_is, check_forward_args, l
 from jspec.models.gemma4.config import SLIDING, Gemma4Config
 from jspec.step import Step, row_positions
 from pallas_kernels import decode_attention, gather_rows
-from pallas_kernels.gather_rows import FP32_SCALE
+from pallas_kernels.norm.gather_rows import FP32_SCALE
 
 
 @jax.tree_util.register_dataclass

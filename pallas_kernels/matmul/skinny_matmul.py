@@ -31,7 +31,7 @@ weight-streaming GEMV/GEMM (Triton backend):
 where the benchmarks show it faster than XLA's dot (``benchmarks/README.md``, skinny matmul;
 16-bit operands; the swept model shapes per M bucket up to 16 rows, other shapes at M = 1; see
 ``_auto_uses_pallas``); everywhere else (CPU, prefill) it is the reference.
-``impl="pallas"`` takes any M <= 64 (tilings: :mod:`pallas_kernels.skinny_tilings`, swept per M bucket
+``impl="pallas"`` takes any M <= 64 (tilings: :mod:`pallas_kernels.matmul.skinny_tilings`, swept per M bucket
 for the Llama-3.2-1B and Llama-3.1-8B projection shapes); more rows (a prefill) are no skinny product,
 so they take the reference there too, as every dispatcher does with shapes its kernel does not take.
 """
@@ -49,7 +49,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import pdl
 from pallas_kernels.dispatch import check_impl, interpret_mode, on_gpu
-from pallas_kernels.skinny_tilings import (  # noqa: F401 (re-exported: the tilings are part of this kernel's API)
+from pallas_kernels.matmul.skinny_tilings import (  # noqa: F401 (re-exported: the tilings are part of this kernel's API)
     _TUNED, INVARIANT_BLOCK_M, SkinnyConfig, _m_bucket, _pow2_at_least, default_config, gated_config, invariant_config,
 )
 
@@ -224,7 +224,7 @@ def skinny_matmul_pallas(x, w, *, config: SkinnyConfig | None = None, interpret=
     has M tiles), w [K, N] (or [N, K] with ``w_transposed``). ``gated="silu"``: w is ``[gate | up]``
     and the result ``silu(x @ gate) * (x @ up)`` [..., N / 2], in the kernel. ``split_parts``: the
     split-K partial sums as they are, ``[splits, ..., N]`` in fp32 (``[1, ..., N]`` in x's dtype
-    without split-K), for a consumer that adds them itself (``pallas_kernels.add_rms_norm``)."""
+    without split-K), for a consumer that adds them itself (``pallas_kernels.norm.add_rms_norm``)."""
     if interpret is None:
         interpret = interpret_mode()
     lead = x.shape[:-1]

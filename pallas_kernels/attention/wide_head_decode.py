@@ -1,6 +1,6 @@
 """Decode attention for wide heads (head_dim 512: Gemma 4's full layers) on Hopper, in Mosaic GPU.
 
-Same shapes and visibility rule as :mod:`pallas_kernels.decode_attention` (no ``tail_mask``, no
+Same shapes and visibility rule as :mod:`pallas_kernels.attention.decode_attention` (no ``tail_mask``, no
 window: full layers have neither outside tree verification). At head_dim 512 the Triton kernel
 streams well short of copy bandwidth once the query rows x GQA group pass 16 (every 16-row slice
 re-reads the K/V tile from shared memory, and a 64 x 512 fp32 accumulator leaves Triton no
@@ -29,7 +29,7 @@ registers). This kernel is built the way FlashMLA runs 512-wide heads:
   tensor-core time instead of a round trip;
 * splits of the KV axis write normalised partials (a tile's real rows only) and base-2
   log-sum-exps, merged in one launch straight into the output's layout
-  (:mod:`pallas_kernels.wide_head_merge`; ``k_splits == 1`` writes the output directly); the
+  (:mod:`pallas_kernels.attention.wide_head_merge`; ``k_splits == 1`` writes the output directly); the
   limits are scalar work inside the kernel, not XLA ops around it (each of those is a launch of
   its own, a sizeable share of a small call).
 
@@ -57,9 +57,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.dispatch import interpret_mode
-from pallas_kernels.split_kv import _MASK_VALUE
-from pallas_kernels.wide_head_merge import merge_splits
-from pallas_kernels.wide_head_tiling import (COLUMNS, ROWS, SMEM_BYTES, default_block_kv, default_share_scores,
+from pallas_kernels.attention.split_kv import _MASK_VALUE
+from pallas_kernels.attention.wide_head_merge import merge_splits
+from pallas_kernels.attention.wide_head_tiling import (COLUMNS, ROWS, SMEM_BYTES, default_block_kv, default_share_scores,
                                              default_slots, default_splits, m_tiles, supports)
 
 

@@ -2,7 +2,7 @@
 whatever else is computed with it: other query rows (decode vs verify vs prefill), other sequences
 of the batch, the cache's capacity.
 
-Same shapes and visibility rule as :mod:`pallas_kernels.decode_attention`, tree attention
+Same shapes and visibility rule as :mod:`pallas_kernels.attention.decode_attention`, tree attention
 (``tail_mask``) included. The reduction structure is pinned, never chosen from the shapes:
 
 * query rows x GQA group are cut into M tiles of :data:`BLOCK_M` rows, so every dot has the same
@@ -23,7 +23,7 @@ Same shapes and visibility rule as :mod:`pallas_kernels.decode_attention`, tree 
   tree put them, with the others masked, adds the same products in another grouping inside the
   tensor-core dot, so a self-drafted tree could diverge from plain greedy decoding.)
 
-The price against :mod:`pallas_kernels.flash_decoding` (which balances a ragged batch's blocks over
+The price against :mod:`pallas_kernels.attention.flash_decoding` (which balances a ragged batch's blocks over
 its programs and merges in chunks): no stream-K, and more programs per short sequence.
 """
 
@@ -39,7 +39,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import pdl
 from pallas_kernels.dispatch import interpret_mode
-from pallas_kernels.split_kv import _MASK_VALUE, _next_pow2
+from pallas_kernels.attention.split_kv import _MASK_VALUE, _next_pow2
 
 BLOCK_M = 16  # rows of every M tile: the smallest 16-bit tensor-core dot
 # Blocks of 64 rows, splits of 256 (not 32 / 512): more programs with fewer sequential blocks

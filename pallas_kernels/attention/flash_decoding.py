@@ -1,6 +1,6 @@
-"""The flash-decoding Pallas kernel (Triton backend) behind :func:`pallas_kernels.decode_attention`.
+"""The flash-decoding Pallas kernel (Triton backend) behind :func:`pallas_kernels.attention.decode_attention`.
 
-Shapes, the visibility rule and the ``impl`` dispatch: ``pallas_kernels/decode_attention.py``.
+Shapes, the visibility rule and the ``impl`` dispatch: ``pallas_kernels/attention/decode_attention.py``.
 
 Grid ``(m_blocks, num_kv_heads, programs)``; the query heads of one KV head times the query rows
 are folded into the M dimension (row ``r`` = query ``r // group``, head ``r % group``), padded to
@@ -13,7 +13,7 @@ long sequences and no program idles (a static split per sequence, or one that ro
 sequence up to whole chunks, is slower: ``benchmarks/README.md``, decode attention). A program
 whose chunk crosses into the next sequence goes on with it. A sequence read by one program has its
 output written by that program; otherwise its programs store fp32 partials, merged
-(:mod:`pallas_kernels.split_kv`) in one of two ways, chosen by ``k_splits``: with <= 2 splits per
+(:mod:`pallas_kernels.attention.split_kv`) in one of two ways, chosen by ``k_splits``: with <= 2 splits per
 sequence on average, by the last of the sequence's programs to arrive, found with an atomic count
 (one launch); with more (small batches), by a second small kernel, in parallel over the rows.
 The kernel reads q, the lengths and the positions as they are (no XLA preparation ops). Masks are
@@ -35,8 +35,8 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import pdl
 from pallas_kernels.dispatch import interpret_mode
-from pallas_kernels.decode_tiling import tiling
-from pallas_kernels.split_kv import (
+from pallas_kernels.attention.decode_tiling import tiling
+from pallas_kernels.attention.split_kv import (
     _MASK_VALUE,
     _block_range,
     _max_slots,
@@ -325,7 +325,7 @@ def decode_attention_pallas(
     q, k, v, kv_lengths, *, q_positions, tail_mask=None, window=None, scale=None,
     block_m=None, block_k=None, k_splits=None, merge_in_kernel=None, num_warps=None, num_stages=None, interpret=None,
 ):
-    """The Pallas kernel (one launch); knobs default from the shapes (:func:`pallas_kernels.decode_tiling.tiling`).
+    """The Pallas kernel (one launch); knobs default from the shapes (:func:`pallas_kernels.attention.decode_tiling.tiling`).
 
     ``k_splits``: split programs per sequence on average (the batch's KV blocks are shared out
     evenly over ``batch * k_splits`` of them, see :func:`_work_split`; the last of a sequence's

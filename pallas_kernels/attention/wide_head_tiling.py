@@ -1,4 +1,4 @@
-"""Default tiling of the wide-head kernel (:mod:`pallas_kernels.wide_head_decode`): block size,
+"""Default tiling of the wide-head kernel (:mod:`pallas_kernels.attention.wide_head_decode`): block size,
 ring depth, score sharing and splits, from the shapes alone (static), and the shapes it runs."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ Between a decoder layer's output projection and its MLP, XLA runs the split sum 
 sum of squares as one reduction fusion and the scaling as another launch; at decode the fusion
 reads every split of the row in one block. The Pallas kernel (Triton backend) runs one program per
 row: it loads every split of a column chunk in one gather (all in flight together), adds them in
-one fixed order, then the residual, then norms the row as :func:`pallas_kernels.gather_rows.rms_norm`
+one fixed order, then the residual, then norms the row as :func:`pallas_kernels.norm.gather_rows.rms_norm`
 does, in one launch.
 """
 
@@ -35,8 +35,8 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import pdl
 from pallas_kernels.dispatch import check_impl, interpret_mode, on_gpu
-from pallas_kernels.gather_rows import FP32_SCALE, llama_scaled, rms_norm, rms_norm_fp32_scale
-from pallas_kernels.split_kv import _next_pow2
+from pallas_kernels.norm.gather_rows import FP32_SCALE, llama_scaled, rms_norm, rms_norm_fp32_scale
+from pallas_kernels.attention.split_kv import _next_pow2
 
 # fp32 elements of the partials one gather loads: a whole row of Llama-3.2-1B's 16 x 2048 output
 # partials, 64 a thread at 16 warps. At decode one program reads its row alone, so the bytes it has

@@ -23,15 +23,15 @@ Visibility rule (``L = min(kv_lengths[b], max_len)``, ``p_i = q_positions[b, i]`
 probabilities are cast to V's dtype before the PV product (as a flash kernel does).
 
 The Pallas kernel (flash-decoding with the batch's KV blocks shared out evenly over its programs,
-stream-K) lives in :mod:`pallas_kernels.flash_decoding`; its tiling, a function of the shapes and
-the window, in :mod:`pallas_kernels.decode_tiling`. Wide heads (head_dim 512) with neither window
+stream-K) lives in :mod:`pallas_kernels.attention.flash_decoding`; its tiling, a function of the shapes and
+the window, in :mod:`pallas_kernels.attention.decode_tiling`. Wide heads (head_dim 512) with neither window
 nor tail mask run on a GPU in Mosaic GPU kernels instead: up to 40 query rows x GQA group with the
-rows on WGMMA's N axis (:mod:`pallas_kernels.wide_head_swapped`, :func:`use_swapped_kernel`), more
-in 64-row M tiles (:mod:`pallas_kernels.wide_head_decode`, :func:`use_wide_kernel`).
+rows on WGMMA's N axis (:mod:`pallas_kernels.attention.wide_head_swapped`, :func:`use_swapped_kernel`), more
+in 64-row M tiles (:mod:`pallas_kernels.attention.wide_head_decode`, :func:`use_wide_kernel`).
 
 ``impl="auto"`` (see :func:`use_pallas`): the reference on CPU; on a GPU the kernel wherever the
 recorded benchmarks show it faster (figures: ``benchmarks/README.md``, decode attention).
-``impl="invariant"``: :mod:`pallas_kernels.invariant_attention` (each row's output independent of
+``impl="invariant"``: :mod:`pallas_kernels.attention.invariant_attention` (each row's output independent of
 the other rows, the batch and the cache capacity; tree attention too).
 """
 
@@ -42,13 +42,13 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_kernels.dispatch import check_impl, on_gpu
-from pallas_kernels.flash_decoding import _effective_tail_mask, decode_attention_pallas
-from pallas_kernels.invariant_attention import decode_attention_invariant
-from pallas_kernels.split_kv import _MASK_VALUE
-from pallas_kernels.wide_head_decode import decode_attention_wide
-from pallas_kernels.wide_head_swapped import decode_attention_swapped, default_row_groups
-from pallas_kernels.wide_head_swapped import supports as swapped_kernel_supports
-from pallas_kernels.wide_head_tiling import supports as wide_kernel_supports
+from pallas_kernels.attention.flash_decoding import _effective_tail_mask, decode_attention_pallas
+from pallas_kernels.attention.invariant_attention import decode_attention_invariant
+from pallas_kernels.attention.split_kv import _MASK_VALUE
+from pallas_kernels.attention.wide_head_decode import decode_attention_wide
+from pallas_kernels.attention.wide_head_swapped import decode_attention_swapped, default_row_groups
+from pallas_kernels.attention.wide_head_swapped import supports as swapped_kernel_supports
+from pallas_kernels.attention.wide_head_tiling import supports as wide_kernel_supports
 
 __all__ = ["decode_attention", "decode_attention_pallas", "decode_attention_reference", "use_pallas", "visibility_mask"]
 
@@ -166,7 +166,7 @@ def use_wide_kernel(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, 
 def use_swapped_kernel(batch, num_q, num_q_heads, num_kv_heads, max_len, head_dim, dtype, *, tail_mask=None,
                        window=None) -> bool:
     """Where the Pallas path on a GPU takes the Mosaic GPU kernel with the query rows on WGMMA's N
-    axis (:mod:`pallas_kernels.wide_head_swapped`): head_dim 512 (Gemma 4's full layers), no window
+    axis (:mod:`pallas_kernels.attention.wide_head_swapped`): head_dim 512 (Gemma 4's full layers), no window
     or tail mask, from 8k (sequence x KV head x cache row) triples up, and query rows x GQA group
     that one CTA takes (at most 40): in GPU time of a call it beats the Triton kernel and the M-axis
     wide kernel at every such shape measured, bar ties at one query row and large reads. 31B's 72

@@ -1,4 +1,4 @@
-"""The split merge of :mod:`pallas_kernels.wide_head_decode` as one Triton launch.
+"""The split merge of :mod:`pallas_kernels.attention.wide_head_decode` as one Triton launch.
 
 The wide-head kernel's splits write normalised partials ``[batch, kv_heads * tiles, splits, 64,
 head_dim]`` (a tile's real rows) and base-2 log-sum-exps ``[batch, kv_heads * tiles, splits, 64]``.
@@ -21,7 +21,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import pdl
-from pallas_kernels.split_kv import _next_pow2
+from pallas_kernels.attention.split_kv import _next_pow2
 
 
 def _floor_pow2(n: int) -> int:

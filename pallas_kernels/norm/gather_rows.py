@@ -29,7 +29,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import pdl
 from pallas_kernels.dispatch import check_impl, interpret_mode, on_gpu
-from pallas_kernels.split_kv import _next_pow2
+from pallas_kernels.attention.split_kv import _next_pow2
 
 _MAX_CHUNK = 4096
 FP32_SCALE = "fp32_scale"  # gather_rows_pallas(norm=...): Gemma 4's RMSNorm

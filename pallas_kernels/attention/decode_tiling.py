@@ -1,9 +1,9 @@
-"""Default tiling of the flash-decoding kernel (:mod:`pallas_kernels.flash_decoding`): M block,
+"""Default tiling of the flash-decoding kernel (:mod:`pallas_kernels.attention.flash_decoding`): M block,
 KV block, splits per sequence, warps and pipeline stages, from the shapes alone (static)."""
 
 from __future__ import annotations
 
-from pallas_kernels.split_kv import _next_pow2
+from pallas_kernels.attention.split_kv import _next_pow2
 
 # Programs to aim for when choosing k_splits for multi-row blocks (~2 waves on a 132-SM H100).
 _TARGET_PROGRAMS = 264

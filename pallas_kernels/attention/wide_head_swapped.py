@@ -1,6 +1,6 @@
 """Wide-head decode attention with the query rows on WGMMA's N axis (Mosaic GPU, Hopper).
 
-Same shapes, visibility rule and outputs as :func:`pallas_kernels.wide_head_decode.decode_attention_wide`.
+Same shapes, visibility rule and outputs as :func:`pallas_kernels.attention.wide_head_decode.decode_attention_wide`.
 That kernel puts the query rows x GQA group on WGMMA's M axis in tiles of 64: at 72 rows (Gemma 4
 31B verifying 8 drafts) a second tile carries 8 real rows, yet runs the whole per-block chain on an
 SM of its own, and both tiles stream the same K/V (well short of copy bandwidth). Here the
@@ -34,11 +34,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.dispatch import interpret_mode
-from pallas_kernels.split_kv import _MASK_VALUE
-from pallas_kernels.wide_head_decode import (accumulate, copy_queries, online_softmax, query_rows,
+from pallas_kernels.attention.split_kv import _MASK_VALUE
+from pallas_kernels.attention.wide_head_decode import (accumulate, copy_queries, online_softmax, query_rows,
                                              zero_rows_past_length)
-from pallas_kernels.wide_head_merge import merge_splits
-from pallas_kernels.wide_head_tiling import COLUMNS, NUM_SMS, SMEM_BYTES
+from pallas_kernels.attention.wide_head_merge import merge_splits
+from pallas_kernels.attention.wide_head_tiling import COLUMNS, NUM_SMS, SMEM_BYTES
 
 BLOCK_KV = 64  # keys per block: WGMMA's M
 MAX_ROWS = 256  # WGMMA's largest N

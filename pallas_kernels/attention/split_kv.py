@@ -1,4 +1,4 @@
-"""Split-KV bookkeeping for the flash-decoding kernel (:mod:`pallas_kernels.flash_decoding`): how a
+"""Split-KV bookkeeping for the flash-decoding kernel (:mod:`pallas_kernels.attention.flash_decoding`): how a
 batch's visible KV blocks are shared out over split programs, and how their partial softmax
 results are merged.
 

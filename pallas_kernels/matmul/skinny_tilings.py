@@ -1,4 +1,4 @@
-"""Tilings of the skinny matmul (:mod:`pallas_kernels.skinny_matmul`): the swept tables per weight
+"""Tilings of the skinny matmul (:mod:`pallas_kernels.matmul.skinny_matmul`): the swept tables per weight
 shape and row bucket, the rule for other shapes, and the row-invariant and gated variants."""
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The skinny matmul (one weight-streaming pass for a few rows) and its tilings."""
