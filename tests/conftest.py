@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import os
 import shutil
@@ -50,16 +51,34 @@ def _free_compiled_programs():
     gc.collect()
 
 
+def _made_once_per_run(tmp_path_factory, kind: str):
+    """``hf_oracle.make(kind)``'s directory, made once per test run rather than once per xdist
+    worker (a session fixture is per process): the first worker to ask makes it under a lock in
+    the run's shared temporary directory, the others wait for it and read the same files."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's directory, above each worker's own
+    out = root / f"hf_{kind}"
+    with open(root / f"hf_{kind}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (out / ".complete").exists():
+            shutil.rmtree(out, ignore_errors=True)  # what a failed attempt left
+            out.mkdir()
+            hf_oracle.make(kind, out)
+            (out / ".complete").touch()
+    return out
+
+
 @pytest.fixture(scope="session")
 def hf_models(tmp_path_factory):
     """Directory with tiny random HF checkpoints + reference outputs (see tests/hf_reference/common.py)."""
-    return hf_oracle.make("models", tmp_path_factory.mktemp("hf_models"))
+    return _made_once_per_run(tmp_path_factory, "models")
 
 
 @pytest.fixture(scope="session")
 def hf_gemma4(tmp_path_factory):
     """Tiny random Gemma 4 HF checkpoints + reference outputs (tests/hf_reference/gemma4.py, cmd_gemma4)."""
-    return hf_oracle.make("gemma4", tmp_path_factory.mktemp("hf_gemma4"))
+    return _made_once_per_run(tmp_path_factory, "gemma4")
 
 
 @pytest.fixture(scope="session")

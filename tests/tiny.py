@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 
@@ -67,5 +68,11 @@ TINY_GEMMA4 = jspec.Gemma4Config(
 
 def tiny_gemma4(seed: int = 0, **overrides):
     config = dataclasses.replace(TINY_GEMMA4, **overrides)
-    # One compiled program: much faster than creating the many small arrays op by op.
-    return jax.jit(lambda key: jspec.init_params(config, key, scale=0.3))(jax.random.key(seed))
+    return _init_gemma4(config, jax.random.key(seed))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init_gemma4(config, key):
+    # One compiled program per config (whatever the seed): much faster than creating the many
+    # small arrays op by op, or than tracing and compiling a new program on every call.
+    return jspec.init_params(config, key, scale=0.3)
