@@ -143,7 +143,10 @@ class DecodeState:
 
 
 def decode_step(model: Model, state: DecodeState, *, params: SamplingParams, eos_ids: tuple[int, ...]):
-    """Feed ``last_token``, sample the next one. Finished sequences keep their output."""
+    """One decode step: feed ``state.last_token [batch]`` through ``forward`` (one row per sequence),
+    sample the next token from its fp32 logits ``[batch, vocab]`` with ``params``, write it at
+    ``state.output[:, state.step]``. Finished sequences (an id of ``eos_ids`` drawn) keep their output.
+    Returns the next :class:`DecodeState`."""
     batch = state.last_token.shape[0]
     logits, _, kv = forward(model, state.last_token[:, None], state.kv, logits_rows=jnp.zeros((batch, 1), jnp.int32))
     logits = logits[:, 0]

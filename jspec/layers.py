@@ -1,6 +1,17 @@
 """Building blocks shared by every model family, through the kernels' dispatchers: norms,
-projections, the gated MLP (its gate fused into the gate/up matmul where a kernel runs), and RoPE
-with the K/V cache write after the q/k/v projection; the rotary tables live in ``jspec.rope``."""
+projections, the gated MLP (its gate fused into the gate/up matmul where a kernel runs), the
+residual stream, and RoPE with the K/V cache write after the q/k/v projection; the rotary tables
+live in ``jspec.rope``.
+
+The residual protocol, one for every family: a branch of a layer (attention, MLP, Gemma 4's
+per-layer input) ends in its output projection's partial sums ``[splits, batch, T, hidden]``
+(:func:`linear_parts`; one part, the product itself, where no kernel splits K). A layer returns
+the stream with that branch pending (:class:`Residual`), and :func:`add_norm` -- the only place a
+branch joins the stream -- adds it and norms the sum for the next consumer, in one launch where
+kernels fuse (``pallas_kernels.norm.add_rms_norm``).
+
+Shapes: ``x [batch, T, hidden]`` the residual stream; ``parts [splits, batch, T, hidden]``.
+"""
 
 from __future__ import annotations
 
@@ -14,14 +25,14 @@ from jspec.execution import DEFAULT, Execution
 from jspec.parallel import split_columns
 from jspec.step import Step
 from pallas_kernels import skinny_matmul
-from pallas_kernels.norm.add_rms_norm import add_parts, add_rms_norm
-from pallas_kernels.matmul.skinny_matmul import GATES
+from pallas_kernels.norm.add_rms_norm import add_rms_norm, sum_parts
+from pallas_kernels.matmul.skinny_matmul import GATES, skinny_matmul_parts
 from pallas_kernels.norm.gather_rows import FP32_SCALE, gather_rows_pallas, rms_norm as _rms_norm
 from pallas_kernels.norm.gather_rows import rms_norm_fp32_scale as _rms_norm_fp32_scale
 from pallas_kernels.rope_write import check_norm, rope_write, rope_write_heads, rotate_half
 
-__all__ = ["rms_norm", "rms_norm_fp32_scale", "add_parts", "add_rms_norm", "linear", "gated_mlp", "ACTIVATIONS",
-           "apply_rope", "HeadNorms", "rope_and_write"]
+__all__ = ["rms_norm", "rms_norm_fp32_scale", "Residual", "add_norm", "linear", "linear_parts", "gated_mlp",
+           "ACTIVATIONS", "apply_rope", "HeadNorms", "rope_and_write"]
 
 # The MLP gates by name: the matmul kernel applies these to the gate itself where it runs.
 ACTIVATIONS = GATES  # "silu" (Llama / Qwen), "gelu_tanh" (HF gelu_pytorch_tanh, Gemma 4)
@@ -53,26 +64,30 @@ def rms_norm_fp32_scale(x: jax.Array, weight: jax.Array | None, eps: float, ex: 
 
 
 def linear(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, ex: Execution = DEFAULT, *,
-           split: str | None = None, split_parts: bool = False) -> jax.Array:
+           split: str | None = None) -> jax.Array:
     """``x [..., in] @ w [in, out]`` (+ ``bias [out]``) in x's dtype, accumulated in fp32. On a placed
-    model (``ex.placement``) a ``split="column"`` / ``"row"`` weight runs per device (``jspec.parallel``).
-    ``split_parts``: the product as partial sums ``[splits, ..., out]`` for :func:`add_rms_norm`
-    (one device, no bias)."""
-    if split_parts and (bias is not None or ex.placement is not None):
-        raise ValueError("split_parts is for a product without bias on one device")
-    matmul = functools.partial(skinny_matmul, impl=ex.kernels, split_parts=split_parts)
+    model (``ex.placement``) a ``split="column"`` / ``"row"`` weight runs per device (``jspec.parallel``)."""
+    matmul = functools.partial(skinny_matmul, impl=ex.kernels)
     placement = ex.placement
     y = matmul(x, w) if placement is None or split is None else getattr(placement, split)(matmul, x, w)
     return y if bias is None else y + bias.astype(y.dtype)
 
 
-def gated_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, activation: str, ex: Execution = DEFAULT, *,
-              split_parts: bool = False) -> jax.Array:
-    """``down(activation(gate(x)) * up(x))`` for rows ``x [..., hidden]``, gate and up fused into one
-    ``gate_up [hidden, 2 * inter]`` matrix, ``down [inter, hidden]``; ``activation`` a name in
-    :data:`ACTIVATIONS`. Where kernels fuse (``ex.fuses``) the gating goes into the gate/up matmul's
-    kernel (one launch instead of two). ``split_parts``: the down projection as partial sums
-    (:func:`linear`)."""
+def linear_parts(x: jax.Array, w: jax.Array, ex: Execution = DEFAULT, *, split: str | None = None) -> jax.Array:
+    """A branch's output projection ``x [..., in] @ w [in, out]`` as partial sums ``[splits, ..., out]``
+    for :func:`add_norm`: the kernel's split-K partials where kernels fuse, else ``[1, ..., out]``
+    holding :func:`linear`'s product."""
+    if ex.fuses:
+        return skinny_matmul_parts(x, w, impl=ex.kernels)
+    return linear(x, w, None, ex, split=split)[None]
+
+
+def gated_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, activation: str, ex: Execution = DEFAULT) -> jax.Array:
+    """The MLP branch ``down(activation(gate(x)) * up(x))`` for rows ``x [..., hidden]``, gate and up
+    fused into one ``gate_up [hidden, 2 * inter]`` matrix, ``down [inter, hidden]``; ``activation``
+    a name in :data:`ACTIVATIONS`. Where kernels fuse (``ex.fuses``) the gating goes into the gate/up
+    matmul's kernel (one launch instead of two). Returns the down projection's partial sums
+    ``[splits, ..., hidden]`` (:func:`linear_parts`)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown MLP activation {activation!r}: expected one of {tuple(ACTIVATIONS)}")
     if ex.fuses:
@@ -81,7 +96,52 @@ def gated_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, activation: str
         inter = gate_up.shape[-1] // 2
         gate, up = split_columns(linear(x, gate_up, None, ex, split="column"), (inter, inter), ex.placement)
         hidden = ACTIVATIONS[activation](gate) * up
-    return linear(hidden, down, None, ex, split="row", split_parts=split_parts)
+    return linear_parts(hidden, down, ex, split="row")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Residual:
+    """The residual stream ``x [batch, T, hidden]`` with a branch not yet added: its partial sums
+    ``branch [splits, batch, T, hidden]`` (None: nothing pending), Gemma 4's post-norm of the branch
+    ``branch_norm [hidden]`` and its ``layer_scalar`` ``scale [1]`` on the sum (None: none)."""
+
+    x: jax.Array
+    branch: jax.Array | None = None
+    branch_norm: jax.Array | None = None
+    scale: jax.Array | None = None
+
+
+def add_norm(residual: Residual, weight: jax.Array | None, eps: float, ex: Execution = DEFAULT, *,
+             rounding: str | None = None) -> tuple[jax.Array, jax.Array | None]:
+    """Add the pending branch to the stream and norm the sum for the next consumer.
+
+    Args:
+      residual: the stream and its pending branch (:class:`Residual`).
+      weight: the next norm's ``[hidden]`` (the next layer's input norm, the MLP's, the final one);
+        None: the sum alone.
+      rounding: the norm's rounding, None (Llama's :func:`rms_norm`) or ``FP32_SCALE`` (Gemma 4's
+        :func:`rms_norm_fp32_scale`); the branch's post-norm too.
+    Returns:
+      ``(x, normed)``: ``x = (x + branch_norm(sum(branch))) * scale [batch, T, hidden]`` in the
+      stream's dtype and ``norm(x, weight)`` (None without ``weight``). One kernel launch where
+      kernels fuse and a norm is taken; the bare sum is XLA's add, which joins its consumer's fusion,
+      as do XLA's ops (or the invariant row norm) elsewhere.
+    """
+    x, branch = residual.x, residual.branch
+    norm = functools.partial(rms_norm if rounding is None else rms_norm_fp32_scale, eps=eps, ex=ex)
+    if branch is None:
+        if residual.scale is not None:
+            raise ValueError("a Residual's scale applies to its pending branch: there is none")
+        return x, None if weight is None else norm(x, weight=weight)
+    if ex.fuses and (weight is not None or residual.branch_norm is not None):
+        return add_rms_norm(x, branch, weight, eps, y_weight=residual.branch_norm, norm=rounding,
+                            scale=residual.scale, impl=ex.kernels)
+    y = sum_parts(branch, x.dtype)
+    x = x + (y if residual.branch_norm is None else norm(y, weight=residual.branch_norm))
+    if residual.scale is not None:
+        x = x * residual.scale.astype(x.dtype)
+    return x, None if weight is None else norm(x, weight=weight)
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:

@@ -14,7 +14,7 @@ from pallas_kernels import skinny_matmul
 from pallas_kernels.dispatch import warm_up_interpret
 from pallas_kernels.norm.add_rms_norm import add_rms_norm, add_rms_norm_reference
 from pallas_kernels.matmul.skinny_tilings import SkinnyConfig
-from pallas_kernels.matmul.skinny_matmul import skinny_matmul_pallas
+from pallas_kernels.matmul.skinny_matmul import skinny_matmul_pallas, skinny_matmul_pallas_parts, skinny_matmul_parts
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -131,22 +131,21 @@ def test_mismatched_shapes_are_named(bad):
 
 
 @pytest.mark.parametrize("split_k", [1, 4])
-def test_matmul_split_parts_sum_to_the_product(split_k):
-    """``split_parts``: the kernel's split-K partials as they are; their sum, rounded to x's dtype,
-    is what the matmul returns."""
+def test_matmul_parts_sum_to_the_product(split_k):
+    """``skinny_matmul_pallas_parts``: the kernel's split-K partials as they are; their sum, rounded
+    to x's dtype, is what the matmul returns. Where no kernel runs the product is the one part."""
     rng = np.random.default_rng(split_k)
     x = jnp.asarray(rng.standard_normal((1, 2, 256)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((256, 96)), jnp.float32)
     config = SkinnyConfig(block_n=32, block_k=32, split_k=split_k, num_warps=4, num_stages=2)
-    parts = skinny_matmul_pallas(x, w, config=config, split_parts=True)
+    parts = skinny_matmul_pallas_parts(x, w, config=config)
     assert parts.shape == (split_k, 1, 2, 96)
     assert parts.dtype == jnp.float32
     product = skinny_matmul_pallas(x, w, config=config)
     np.testing.assert_allclose(np.asarray(parts.sum(0)), np.asarray(product), rtol=1e-6, atol=1e-5)
-    reference = skinny_matmul(x, w, impl="xla", split_parts=True)  # no kernel: the product as one part
+    reference = skinny_matmul_parts(x, w, impl="xla")  # no kernel: the product as one part
+    np.testing.assert_array_equal(np.asarray(reference[0]), np.asarray(skinny_matmul(x, w, impl="xla")))
     assert reference.shape == (1, 1, 2, 96)
-    with pytest.raises(ValueError, match="split_parts and gated"):
-        skinny_matmul(x, jnp.zeros((256, 192)), impl="pallas", gated="silu", split_parts=True)
 
 
 def test_auto_takes_the_kernel_for_partials_one_gather_holds():

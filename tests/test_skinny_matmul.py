@@ -215,9 +215,14 @@ def test_dispatcher_fuses_under_pallas_and_composes_elsewhere():
 def test_layers_fuse_the_gate_without_changing_the_unfused_result():
     """jspec.layers hands the MLP's gate (SiLU, tanh GELU) to the matmul's dispatcher on one device;
     where no kernel runs (CPU, "xla") the result is bitwise the unfused composition, and "invariant"
-    composes it; on the kernel ("pallas") it agrees within bf16 rounding."""
+    composes it; on the kernel ("pallas") it agrees within bf16 rounding. The MLP is a branch: its
+    output the down projection's partial sums, whose sum is the product."""
     from jspec.execution import Execution, Kernels
-    from jspec.layers import ACTIVATIONS, gated_mlp, linear
+    from jspec.layers import ACTIVATIONS, gated_mlp as gated_mlp_parts, linear
+    from pallas_kernels.norm.add_rms_norm import sum_parts
+
+    def gated_mlp(x, *args):
+        return sum_parts(gated_mlp_parts(x, *args), x.dtype)
 
     x, gate_up = _inputs(3, 128, 2 * 64, jnp.bfloat16, seed=1)
     down = _inputs(1, 64, 128, jnp.bfloat16, seed=2)[1]

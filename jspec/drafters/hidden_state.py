@@ -37,6 +37,7 @@ import jax.numpy as jnp
 
 from jspec.drafters.base import CommitContext, PrefillContext, RoundContext
 from jspec.kv import KVCache
+from jspec.layers import add_norm
 from jspec.models import llama
 from jspec.models.llama import LlamaConfig, decoder_layer
 from jspec.sampling import SamplingParams, probabilities, sample
@@ -87,7 +88,7 @@ class HiddenStateDrafter(abc.ABC):
 
     @abc.abstractmethod
     def layer_inputs(self, tokens, g, from_target: bool):
-        """``(residual [B, T, H], attention input [B, T, in] or None)`` for rows of ``tokens [B, T]``
+        """``(residual [B, T, H], attention input [B, T, in])`` for rows of ``tokens [B, T]``
         and hidden ``g [B, T, F]`` (target features when ``from_target``, else recycled hidden)."""
 
     @abc.abstractmethod
@@ -126,7 +127,8 @@ class HiddenStateDrafter(abc.ABC):
         step = Step.make(row_positions(kv.lengths, num_rows, tree_mask), kv.lengths + num_rows, c.rope_inv_freq(),
                          kv.k[0].dtype, self.execution, tree_mask=tree_mask, keep_rows=keep_rows)
         resid, attn_in = self.layer_inputs(tokens, g, from_target)
-        x, cache = decoder_layer(self.layer, c, resid, (kv.k[0], kv.v[0]), step, attn_input=attn_in)
+        residual, cache = decoder_layer(self.layer, c, resid, attn_in, (kv.k[0], kv.v[0]), step)
+        x, _ = add_norm(residual, None, c.rms_norm_eps, self.execution)
         return (x[:, 0] if keep_rows is not None else x), kv.written([cache], num_rows)
 
     def init_kv(self, batch: int, max_len: int, dtype) -> KVCache:

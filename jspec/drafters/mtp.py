@@ -148,7 +148,7 @@ class MTP(HiddenStateDrafter):
         g = g.astype(head.norm.dtype)
         normed = [rms_norm(e, head.enorm, eps, self.execution), rms_norm(g, head.hnorm, eps, self.execution)]
         x = linear(jnp.concatenate(normed, -1), head.eh_proj, None, self.execution)
-        return x, None
+        return x, rms_norm(x, self.layer.attn_norm, self.layer_config.rms_norm_eps, self.execution)
 
     def recycle(self, x):
         if self.recycled_hidden == "pre_norm":

@@ -219,12 +219,22 @@ def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool, w_t
 
 
 def skinny_matmul_pallas(x, w, *, config: SkinnyConfig | None = None, interpret=None, w_transposed=False,
-                         gated: str | None = None, split_parts: bool = False):
+                         gated: str | None = None):
     """The Pallas kernel for x [..., K] (at most MAX_M rows after flattening, unless the config
-    has M tiles), w [K, N] (or [N, K] with ``w_transposed``). ``gated="silu"``: w is ``[gate | up]``
-    and the result ``silu(x @ gate) * (x @ up)`` [..., N / 2], in the kernel. ``split_parts``: the
-    split-K partial sums as they are, ``[splits, ..., N]`` in fp32 (``[1, ..., N]`` in x's dtype
-    without split-K), for a consumer that adds them itself (``pallas_kernels.norm.add_rms_norm``)."""
+    has M tiles), w [K, N] (or [N, K] with ``w_transposed``) -> [..., N] in x's dtype.
+    ``gated="silu"``: w is ``[gate | up]`` and the result ``silu(x @ gate) * (x @ up)`` [..., N / 2],
+    in the kernel."""
+    return _pallas(x, w, config, interpret, w_transposed, gated, parts=False)
+
+
+def skinny_matmul_pallas_parts(x, w, *, config: SkinnyConfig | None = None, interpret=None, w_transposed=False):
+    """The kernel's split-K partial sums as they are: ``[splits, ..., N]`` in fp32 (``[1, ..., N]`` in
+    x's dtype without split-K), for a consumer that adds them itself
+    (``pallas_kernels.norm.add_rms_norm``); their sum rounded to x's dtype is the product."""
+    return _pallas(x, w, config, interpret, w_transposed, None, parts=True)
+
+
+def _pallas(x, w, config, interpret, w_transposed, gated, *, parts):
     if interpret is None:
         interpret = interpret_mode()
     lead = x.shape[:-1]
@@ -235,7 +245,7 @@ def skinny_matmul_pallas(x, w, *, config: SkinnyConfig | None = None, interpret=
         if gated is not None:
             config = gated_config(config, n)
     out = _skinny_matmul_pallas_2d(x2, w, config=config, interpret=bool(interpret), w_transposed=w_transposed,
-                                   gated=gated, split_parts=split_parts)
+                                   gated=gated, split_parts=parts)
     return out.reshape(*out.shape[:-2], *lead, out.shape[-1])
 
 
@@ -261,7 +271,7 @@ def _auto_uses_pallas(m: int, k: int, n: int, x_dtype, w_dtype) -> bool:
     return m == 1 and k >= 256 and 256 <= n <= 32768
 
 
-def skinny_matmul(x, w, *, impl="auto", w_transposed=False, gated=None, split_parts=False):
+def skinny_matmul(x, w, *, impl="auto", w_transposed=False, gated=None):
     """Dispatcher: ``x @ w`` for x [..., K], w [K, N] -> [..., N] (w [N, K] with ``w_transposed``).
     ``impl="pallas"``: the kernel for up to ``MAX_M`` rows, the reference for more (a prefill);
     ``impl="invariant"``: the kernel with :func:`invariant_config`, for any number of rows.
@@ -269,34 +279,41 @@ def skinny_matmul(x, w, *, impl="auto", w_transposed=False, gated=None, split_pa
     ``gated="silu"`` (w is ``[gate | up]``; the result ``silu(x @ gate) * (x @ up)``, [..., N / 2]):
     fused into the kernel wherever it runs (``"pallas"``; ``"auto"`` where it takes the kernel for
     ``x @ w``), saving the activation's launch; elsewhere the reference composes it. Not under
-    ``"invariant"``, whose tiling does not hold gate and up side by side.
+    ``"invariant"``, whose tiling does not hold gate and up side by side."""
+    if gated is not None and gated not in GATES:
+        raise ValueError(f"gated must be one of {sorted(GATES)}, got {gated!r}")
+    return _dispatch(x, w, impl, w_transposed, gated, parts=False)
 
-    ``split_parts``: ``[splits, ..., N]`` partial sums whose sum over the first axis, rounded to x's
-    dtype, is the product (see :func:`skinny_matmul_pallas`; ``[1, ..., N]`` wherever the kernel
-    does not split K). Not with ``gated``."""
+
+def skinny_matmul_parts(x, w, *, impl="auto", w_transposed=False):
+    """Dispatcher for the product as partial sums ``[splits, ..., N]`` whose sum over the first axis,
+    rounded to x's dtype, is ``x @ w`` (:func:`skinny_matmul_pallas_parts`; ``[1, ..., N]``, the
+    product itself, wherever the kernel does not split K), for a consumer that adds them in its own
+    launch (``pallas_kernels.norm.add_rms_norm``). The kernel runs where :func:`skinny_matmul`'s
+    would."""
+    return _dispatch(x, w, impl, w_transposed, None, parts=True)
+
+
+def _dispatch(x, w, impl, w_transposed, gated, *, parts):
     impl = check_impl(impl, "skinny_matmul")
     m = math.prod(x.shape[:-1])
     k, n = w.shape[::-1] if w_transposed else w.shape
-    if gated is not None and gated not in GATES:
-        raise ValueError(f"gated must be one of {sorted(GATES)}, got {gated!r}")
-    if split_parts and gated is not None:
-        raise ValueError("split_parts and gated together are not supported: a gated product has no split-K")
+    kernel = functools.partial(_pallas, x, w, w_transposed=w_transposed, parts=parts)
     if impl == "invariant":
         if gated is not None:
             raise ValueError("impl='invariant' does not fuse a gate into the matmul: compose it")
         itemsize = jnp.dtype(jnp.promote_types(x.dtype, w.dtype)).itemsize
-        config = invariant_config(k, n, itemsize, w_transposed=w_transposed)
-        return skinny_matmul_pallas(x, w, config=config, w_transposed=w_transposed, split_parts=split_parts)
+        return kernel(invariant_config(k, n, itemsize, w_transposed=w_transposed), None, gated=None)
     if impl == "pallas" and m <= MAX_M:
         if _fits_gated(m, k, n, x.dtype, w.dtype, gated):
-            return skinny_matmul_pallas(x, w, w_transposed=w_transposed, gated=gated, split_parts=split_parts)
+            return kernel(None, None, gated=gated)
         gate, up = jnp.split(skinny_matmul_pallas(x, w), 2, axis=-1)
         return GATES[gated](gate) * up
     if (impl == "auto" and not w_transposed and on_gpu() and _auto_uses_pallas(m, k, n, x.dtype, w.dtype)
             and _fits_gated(m, k, n, x.dtype, w.dtype, gated)):
-        return skinny_matmul_pallas(x, w, interpret=False, gated=gated, split_parts=split_parts)
+        return kernel(None, False, gated=gated)
     out = skinny_matmul_reference(x, w, w_transposed=w_transposed, gated=gated)
-    return out[None] if split_parts else out
+    return out[None] if parts else out
 
 
 def _fits_gated(m, k, n, x_dtype, w_dtype, gated) -> bool:

@@ -25,18 +25,20 @@ row, the same at batch 1 and for the argmax); when drafts are sampled they get `
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
 from jspec.execution import DEFAULT, Execution
-from jspec.layers import linear
+from jspec.layers import Residual, add_norm, linear
 from jspec.models import gemma4
 from jspec.models.base import lm_head, random_matrix
 from jspec.models.gemma4 import FULL, SLIDING, Gemma4Config
 from jspec.models.gemma4.model import decoder_layer, embed_tokens
 from jspec.rope import rope_cos_sin
 from jspec.step import Step
+from pallas_kernels.norm.gather_rows import FP32_SCALE
 
 
 @jax.tree_util.register_static
@@ -144,12 +146,13 @@ def assistant_step(assistant: Assistant, target_embed, tokens, hidden, kv: Froze
     anchor = jnp.broadcast_to((kv.lengths - 1)[:, None], tokens.shape)
     steps = {kind: Step(anchor, *rope, kv.lengths, execution=ex) for kind, rope in kv.rope.items()}
     # Each layer's last add also norms its output for the next layer, the last one's for the head.
-    next_norms = [layer.attn_norm for layer in a.model.layers[1:]] + [a.model.final_norm]
-    y = None
-    for i, (layer, next_norm) in enumerate(zip(a.model.layers, next_norms)):
+    add = functools.partial(add_norm, eps=c.rms_norm_eps, ex=ex, rounding=FP32_SCALE)
+    residual = Residual(x)
+    for i, layer in enumerate(a.model.layers):
         kind = c.layer_types[i]
-        x, y, _ = decoder_layer(layer, c, i, x, (kv.k[kind], kv.v[kind]), steps[kind], None, attn_input=y,
-                                next_norm=next_norm)
+        x, y = add(residual, layer.attn_norm)
+        residual, _ = decoder_layer(layer, c, i, x, y, (kv.k[kind], kv.v[kind]), steps[kind], None)
+    _, y = add(residual, a.model.final_norm)
     y = y if branched else y[:, 0]
     return y, linear(y, a.post_projection, None, ex)
 

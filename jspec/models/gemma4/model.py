@@ -29,7 +29,8 @@ import numpy as np
 from jspec.execution import DEFAULT, Execution
 from jspec.kv import KVCache
 from jspec.parallel import COLUMN, ROW, per_head, split, split_columns
-from jspec.layers import ACTIVATIONS, HeadNorms, add_rms_norm, apply_rope, gated_mlp, linear, rope_and_write
+from jspec.layers import (ACTIVATIONS, HeadNorms, Residual, add_norm, apply_rope, gated_mlp, linear, linear_parts,
+                          rope_and_write)
 from jspec.layers import rms_norm_fp32_scale as rms_norm
 from jspec.models.base import (NO_CAPTURE, Capture, as_is, check_forward_args, lm_head, random_matrix,
                                random_norm_weight)
@@ -133,7 +134,7 @@ def per_layer_inputs(model: Model, tokens: jax.Array, x: jax.Array) -> jax.Array
     return (from_context + from_token) * 2.0**-0.5
 
 
-def attention(layer: Layer, c: Gemma4Config, index: int, h, cache, step: Step, *, split_parts: bool = False):
+def attention(layer: Layer, c: Gemma4Config, index: int, h, cache, step: Step):
     """Self-attention of layer ``index`` over normed rows ``h [batch, T, hidden]`` (``Step``: their
     positions and RoPE tables for this layer's type); ``cache``: the ``(k_buf, v_buf)`` it writes or,
     on a KV-shared layer, reads.
@@ -141,8 +142,8 @@ def attention(layer: Layer, c: Gemma4Config, index: int, h, cache, step: Step, *
     A layer that owns its cache writes the K/V of its ``T`` rows as the last ``T`` of
     ``step.kv_lengths``; a KV-shared layer reads its source layer's buffers (written earlier in this
     step) as they are, so its rows may be any subset of the step's. On a placed model attention and
-    projections run per device. Returns ``([batch, T, hidden], (k_buf, v_buf))``; ``split_parts``:
-    the output projection as partial sums ``[splits, batch, T, hidden]`` (``jspec.layers.linear``).
+    projections run per device. Returns ``(parts, (k_buf, v_buf))``: the output projection's partial
+    sums ``[splits, batch, T, hidden]`` (``jspec.layers.linear_parts``).
     """
     ex = step.execution
     batch, num_rows, _ = h.shape
@@ -164,49 +165,35 @@ def attention(layer: Layer, c: Gemma4Config, index: int, h, cache, step: Step, *
                                 window=c.window(index), scale=1.0, impl=ex.kernels)
 
     attn = per_head(attend, q, k_buf, v_buf, step.kv_lengths, step.positions, step.tree_mask, parallel=ex.placement)
-    out = linear(attn.reshape(batch, num_rows, q_size), layer.o, None, ex, split="row", split_parts=split_parts)
+    out = linear_parts(attn.reshape(batch, num_rows, q_size), layer.o, ex, split="row")
     return out, (k_buf, v_buf)
 
 
-def decoder_layer(layer: Layer, c: Gemma4Config, index: int, x, cache, step: Step, per_layer_input, *,
-                  attn_input=None, next_norm=None):
-    """Layer ``index`` on the residual stream ``x [batch, T, hidden]``; ``per_layer_input
-    [batch, T, P]`` or None without PLE; ``cache`` and ``step`` as for ``attention``.
-    ``attn_input``: ``norm(x, layer.attn_norm)`` if the caller has it (the previous layer's
-    ``next_norm``); ``next_norm [hidden]``: the norm whose output the next consumer takes (the next
-    layer's input norm, or the final norm). Returns ``(x, next_input, (k_buf, v_buf))``,
-    ``next_input`` that norm of the new x (None without ``next_norm``)."""
+def decoder_layer(layer: Layer, c: Gemma4Config, index: int, x: jax.Array, h: jax.Array, cache, step: Step,
+                  per_layer_input):
+    """Layer ``index``.
+
+    Args:
+      x: the residual stream ``[batch, T, hidden]``, its pending branches added.
+      h: ``norm(x, layer.attn_norm)``, from the caller's ``add_norm``.
+      cache, step: as for :func:`attention`.
+      per_layer_input: ``[batch, T, P]``, or None without PLE.
+    Returns:
+      ``(Residual, (k_buf, v_buf))``: the stream with the layer's last branch pending, its post-norm
+      and ``layer_scalar`` too, for the next ``add_norm`` (``jspec.layers``): where kernels fuse, one
+      launch post-norms the branch's partial sums, adds them, scales, and norms the result for the
+      next consumer.
+    """
     ex, eps = step.execution, c.rms_norm_eps
-    # Where kernels fuse, each branch's output projection leaves split-K partials and one launch
-    # post-norms their sum, adds it to x and norms the result for the next consumer
-    # (jspec.layers.add_rms_norm); the layer's last one also applies layer_scalar, saving the
-    # scaling's own launch.
-    fused = ex.fuses
-    add_branch = functools.partial(_add_branch, eps=eps, ex=ex)
-    h = rms_norm(x, layer.attn_norm, eps, ex) if attn_input is None else attn_input
-    attn_out, cache = attention(layer, c, index, h, cache, step, split_parts=fused)
-    x, h = add_branch(x, attn_out, layer.post_attn_norm, layer.mlp_norm)
-    branch = gated_mlp(h, layer.gate_up, layer.down, "gelu_tanh", ex, split_parts=fused)
-    branch_norm = layer.post_mlp_norm
+    add = functools.partial(add_norm, eps=eps, ex=ex, rounding=FP32_SCALE)
+    attn_out, cache = attention(layer, c, index, h, cache, step)
+    x, h = add(Residual(x, attn_out, layer.post_attn_norm), layer.mlp_norm)
+    branch = Residual(x, gated_mlp(h, layer.gate_up, layer.down, "gelu_tanh", ex), layer.post_mlp_norm)
     if per_layer_input is not None:
-        x, _ = add_branch(x, branch, branch_norm, None)
+        x, _ = add(branch, None)
         gated = ACTIVATIONS["gelu_tanh"](linear(x, layer.ple_gate, None, ex)) * per_layer_input
-        branch, branch_norm = linear(gated, layer.ple_proj, None, ex, split_parts=fused), layer.ple_norm
-    x, next_input = add_branch(x, branch, branch_norm, next_norm, scale=layer.layer_scalar)
-    return x, next_input, cache
-
-
-def _add_branch(x, branch, post_norm, next_norm, *, eps, ex, scale=None):
-    """``x + post_norm(branch)`` (times ``scale [1]``) and ``next_norm`` of that (None without it):
-    one kernel from ``branch``'s split-K partials where kernels fuse, XLA's ops on the product
-    elsewhere."""
-    if ex.fuses:
-        return add_rms_norm(x, branch, next_norm, eps, y_weight=post_norm, norm=FP32_SCALE, scale=scale,
-                            impl=ex.kernels)
-    x = x + rms_norm(branch, post_norm, eps, ex)
-    if scale is not None:
-        x = x * scale.astype(x.dtype)
-    return x, None if next_norm is None else rms_norm(x, next_norm, eps, ex)
+        branch = Residual(x, linear_parts(gated, layer.ple_proj, ex), layer.ple_norm)
+    return dataclasses.replace(branch, scale=layer.layer_scalar), cache
 
 
 def forward(
@@ -255,29 +242,26 @@ def forward(
 
     residuals = {}
     caches = list(zip(kv.k, kv.v))
-    wants_normed = capture.final_normed or (compute_logits and logits_rows is None)
-    # Each layer's last add also norms its output for the next layer (or the final norm): one launch
-    # where kernels fuse. Not before the rows are cut (the cut takes x's rows, not the normed ones).
-    next_norms = [layer.attn_norm if i != keep_head_rows_at else None for i, layer in enumerate(model.layers)][1:]
-    next_norms.append(model.final_norm if wants_normed else None)
-    h = None  # this layer's normed input, from the previous layer's last add
+    add = functools.partial(add_norm, eps=c.rms_norm_eps, ex=ex, rounding=FP32_SCALE)
+    residual = Residual(x)
     for i, layer in enumerate(model.layers):
+        cut = i == keep_head_rows_at  # the rows that get logits alone from here (HF _maybe_slice_kv_shared_inputs)
+        x, h = add(residual, None if cut else layer.attn_norm)  # the cut takes the stream's rows, not the normed
         if i in capture.residuals:
             residuals[i] = x
-        if i == keep_head_rows_at:  # the rows that get logits alone from here (HF _maybe_slice_kv_shared_inputs)
+        if cut:
             x = gather_rows(x, head_rows, impl=ex.kernels)
+            h = rms_norm(x, layer.attn_norm, c.rms_norm_eps, ex)
             steps = {kind: step.rows(head_rows) for kind, step in steps.items()}
             ple = None if ple is None else jnp.take_along_axis(ple, head_rows[:, :, None, None], axis=1)
         src = c.kv_source(i)
-        x, h, caches[src] = decoder_layer(layer, c, i, x, caches[src], steps[c.layer_types[i]],
-                                          None if ple is None else ple[:, :, i], attn_input=h, next_norm=next_norms[i])
+        residual, caches[src] = decoder_layer(layer, c, i, x, h, caches[src], steps[c.layer_types[i]],
+                                              None if ple is None else ple[:, :, i])
+    wants_normed = capture.final_normed or (compute_logits and logits_rows is None)
+    x, normed = add(residual, model.final_norm if wants_normed else None)
     residuals[c.num_layers] = x
     features = tuple(residuals[i] for i in capture.residuals)
-
-    normed = None
-    if wants_normed:
-        normed = rms_norm(x, model.final_norm, c.rms_norm_eps, ex) if h is None else h
-        features += (normed,) if capture.final_normed else ()
+    features += (normed,) if capture.final_normed else ()
     if not compute_logits:
         logits = None
     elif logits_rows is None:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jspec.execution import DEFAULT, Execution
 from jspec.kv import KVCache
 from jspec.parallel import COLUMN, ROW, per_head, split
-from jspec.layers import HeadNorms, add_parts, add_rms_norm, gated_mlp, linear, rms_norm, rope_and_write
+from jspec.layers import HeadNorms, Residual, add_norm, gated_mlp, linear, linear_parts, rope_and_write
 from jspec.models.base import (NO_CAPTURE, Capture, as_is, check_forward_args, lm_head, random_matrix,
                                random_norm_weight)
 from jspec.models.llama.config import LlamaConfig
@@ -72,16 +72,20 @@ def qkv_parts(c: LlamaConfig) -> tuple[int, int, int]:
     return c.q_size, c.kv_size, c.kv_size
 
 
-def attention(layer, c: LlamaConfig, h, cache, step: Step, *, split_parts: bool = False):
-    """Self-attention of one layer over the normed rows ``h [batch, T, in]`` (``in`` is usually
-    ``hidden``; EAGLE-3's midlayer reads ``2 * hidden``); ``cache``: the layer's ``(k_buf, v_buf)``,
-    each ``[batch, kv_heads, L, head_dim]``.
+def attention(layer, c: LlamaConfig, h, cache, step: Step):
+    """Self-attention of one layer.
 
-    Writes the K/V of all ``T`` rows (``Step``). With ``step.keep_rows`` only that row's query is
-    kept right after the K/V write (the others are dead: their K/V is all the caller needs) and the
-    output is ``[batch, 1, hidden]``; otherwise ``[batch, T, hidden]``. On a placed model attention
-    and projections run per device. ``split_parts``: the output projection as partial sums
-    ``[splits, batch, rows, hidden]`` (``jspec.layers.linear``). Returns ``(out, (k_buf, v_buf))``.
+    Args:
+      h: the normed input rows ``[batch, T, in]`` (``in`` is usually ``hidden``; EAGLE-3's midlayer
+        reads ``2 * hidden``).
+      cache: the layer's ``(k_buf, v_buf)``, each ``[batch, kv_heads, L, head_dim]``.
+      step: positions, RoPE tables and lengths (:class:`jspec.step.Step`). The K/V of all ``T`` rows
+        is written; with ``step.keep_rows`` only that row's query is kept right after the write (the
+        others are dead: their K/V is all the caller needs).
+    Returns:
+      ``(parts, (k_buf, v_buf))``: the output projection's partial sums ``[splits, batch, T', hidden]``
+      (``jspec.layers.linear_parts``), ``T' = 1`` with ``keep_rows``, else ``T``. On a placed model
+      attention and projections run per device.
     """
     ex, keep_rows = step.execution, step.keep_rows
     batch, num_rows, _ = h.shape
@@ -101,39 +105,32 @@ def attention(layer, c: LlamaConfig, h, cache, step: Step, *, split_parts: bool 
                                 impl=ex.kernels)
 
     attn = per_head(attend, q, k_buf, v_buf, step.kv_lengths, positions, step.tree_mask, parallel=ex.placement)
-    out = linear(attn.reshape(batch, q.shape[1], c.q_size), layer.o, None, ex, split="row", split_parts=split_parts)
+    out = linear_parts(attn.reshape(batch, q.shape[1], c.q_size), layer.o, ex, split="row")
     return out, (k_buf, v_buf)
 
 
-def decoder_layer(layer: Layer, c: LlamaConfig, x: jax.Array, cache, step: Step, *, attn_input=None,
-                  defer_mlp: bool = False):
-    """One pre-norm decoder layer on the residual stream ``x [batch, T, hidden]``; ``cache``: the
-    layer's ``(k_buf, v_buf)``.
+def decoder_layer(layer: Layer, c: LlamaConfig, x: jax.Array, h: jax.Array, cache, step: Step):
+    """One pre-norm decoder layer.
 
-    ``attn_input``: the attention's input rows instead of ``rms_norm(x, layer.attn_norm)``
-    (EAGLE-3 feeds ``cat(norm(embedding), norm(hidden))``). ``step.keep_rows [batch]``: after the
-    K/V write keep only that row of each sequence (attention query, residual, MLP), returning
-    ``[batch, 1, hidden]`` -- dead rows never reach the rest of the layer. ``step.tree_mask``: tree
-    attention among the ``T`` rows (``jspec.step``); not with ``keep_rows``.
-    Returns ``(x, (k_buf, v_buf))``; with ``defer_mlp`` (where kernels fuse) ``(x, mlp_parts, (k_buf,
-    v_buf))``: the MLP's output as partial sums ``[splits, batch, T, hidden]`` not yet added to x,
-    for the next norm to add in its own launch (``forward``).
+    Args:
+      x: the residual stream ``[batch, T, hidden]``, its pending branches added.
+      h: the attention's input rows: ``rms_norm(x, layer.attn_norm)`` from the caller's
+        ``add_norm`` (EAGLE-3 feeds ``cat(norm(embedding), norm(hidden))``, ``[batch, T, 2 * hidden]``).
+      cache: the layer's ``(k_buf, v_buf)``.
+      step: as for :func:`attention`. ``step.keep_rows [batch]``: after the K/V write only that row
+        of each sequence goes on (attention query, residual, MLP): dead rows never reach the rest of
+        the layer. ``step.tree_mask``: tree attention among the ``T`` rows; not with ``keep_rows``.
+    Returns:
+      ``(Residual, (k_buf, v_buf))``: the stream after the attention with the MLP's output pending
+      (``[batch, T', hidden]``, ``T' = 1`` with ``keep_rows``), for the next ``add_norm`` to add in
+      its own launch (``jspec.layers``).
     """
     ex = step.execution
-    h = rms_norm(x, layer.attn_norm, c.rms_norm_eps, ex) if attn_input is None else attn_input
-    # Where kernels fuse, the output projection's split-K partials, the residual add and the MLP's
-    # norm are one launch (jspec.layers.add_rms_norm).
-    fused = ex.fuses
-    attn_out, cache = attention(layer, c, h, cache, step, split_parts=fused)
+    attn_out, cache = attention(layer, c, h, cache, step)
     if step.keep_rows is not None:
         x = gather_rows(x, step.keep_rows, impl=ex.kernels)[:, None]
-    if fused:
-        x, h = add_rms_norm(x, attn_out, layer.mlp_norm, c.rms_norm_eps, impl=ex.kernels)
-    else:
-        x = x + attn_out
-        h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps, ex)
-    mlp = gated_mlp(h, layer.gate_up, layer.down, "silu", ex, split_parts=defer_mlp)
-    return (x, mlp, cache) if defer_mlp else (x + mlp, cache)
+    x, h = add_norm(Residual(x, attn_out), layer.mlp_norm, c.rms_norm_eps, ex)
+    return Residual(x, gated_mlp(h, layer.gate_up, layer.down, "silu", ex)), cache
 
 
 def forward(
@@ -147,45 +144,41 @@ def forward(
     tree_mask: jax.Array | None = None,
 ) -> tuple[jax.Array | None, tuple[jax.Array, ...], KVCache]:
     """Run ``tokens [batch, T]`` at positions ``kv.lengths[b] + 0..T-1`` (a tree's rows at their
-    depths, with ``tree_mask``), writing their K/V.
+    depths, with ``tree_mask``), writing their K/V. The contract of every family
+    (``jspec.models.base``).
 
-    The contract of every family (``jspec.models.base``): returns ``(logits, features, kv)``
-    with fp32 logits for every row or for ``logits_rows [batch, n]`` (None with
-    ``compute_logits=False``), the ``capture``d hidden states ``[batch, T, hidden]`` and the
-    cache with ``lengths`` advanced by ``T`` (callers that wrote padding or rejected rows shrink
-    it with ``kv.truncate``).
+    Args:
+      model: the parameters; ``model.execution`` (static) picks the kernels and the placement.
+      tokens: ``[batch, T]`` int32.
+      kv: the cache, ``lengths [batch]`` rows valid per sequence.
+      capture: the hidden states to return (a drafter's ``capture()``).
+      logits_rows: ``[batch, n]`` int32, the rows that get logits (negative: from the end);
+        None: every row.
+      compute_logits: False: no LM head (a drafter's catch-up, a prefill that samples elsewhere).
+      tree_mask: ``[batch, T, T]`` bool, tree attention among the rows (``jspec.step``).
+    Returns:
+      ``(logits, features, kv)``: fp32 logits ``[batch, T or n, vocab]`` (None without
+      ``compute_logits``), the ``capture``d hidden states ``[batch, T, hidden]`` in its order, and
+      the cache with ``lengths`` advanced by ``T`` (callers that wrote padding or rejected rows
+      shrink it with ``kv.truncate``).
     """
     c, ex = model.config, model.execution
     num_rows = tokens.shape[1]
     check_forward_args(tokens, capture, logits_rows, c.num_layers, tree_mask)
     step = Step.make(row_positions(kv.lengths, num_rows, tree_mask), kv.lengths + num_rows, c.rope_inv_freq(),
                      model.dtype, ex, tree_mask=tree_mask)
-    x = model.embed[tokens]  # [batch, T, hidden]
-
-    # Where kernels fuse, a layer's MLP output stays split-K partials that the next norm (the next
-    # layer's, or the final one) adds to the residual stream in its own launch.
-    deferred = ex.fuses
-    mlp_parts = None
+    residual = Residual(model.embed[tokens])  # [batch, T, hidden]
     residuals = {}
     caches = []
     for i, layer in enumerate(model.layers):
-        h = None
-        if mlp_parts is not None:
-            x, h = add_rms_norm(x, mlp_parts, layer.attn_norm, c.rms_norm_eps, impl=ex.kernels)
+        x, h = add_norm(residual, layer.attn_norm, c.rms_norm_eps, ex)
         if i in capture.residuals:
             residuals[i] = x
-        *out, cache = decoder_layer(layer, c, x, (kv.k[i], kv.v[i]), step, attn_input=h, defer_mlp=deferred)
-        x, mlp_parts = out if deferred else (out[0], None)
+        residual, cache = decoder_layer(layer, c, x, h, (kv.k[i], kv.v[i]), step)
         caches.append(cache)
 
-    normed = None
-    if capture.final_normed or (compute_logits and logits_rows is None):
-        if mlp_parts is None:
-            normed = rms_norm(x, model.final_norm, c.rms_norm_eps, ex)
-        else:
-            x, normed = add_rms_norm(x, mlp_parts, model.final_norm, c.rms_norm_eps, impl=ex.kernels)
-    elif mlp_parts is not None:
-        x = add_parts(x, mlp_parts)
+    wants_normed = capture.final_normed or (compute_logits and logits_rows is None)
+    x, normed = add_norm(residual, model.final_norm if wants_normed else None, c.rms_norm_eps, ex)
     residuals[c.num_layers] = x
     features = tuple(residuals[i] for i in capture.residuals)
     features += (normed,) if capture.final_normed else ()
