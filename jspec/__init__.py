@@ -7,12 +7,13 @@ a model and its drafter on a device mesh (tensor parallelism).
 """
 
 import warnings as _warnings
+from os import PathLike as _PathLike
 from pathlib import Path as _Path
 
 from jspec import drafters, io
 from jspec.engine import generate, score
 from jspec.execution import Execution, Kernels, with_kernels
-from jspec.io import load_gguf, restore, save
+from jspec.io import load_gguf, restore
 from jspec.kv import KVCache
 from jspec.models import forward, init_params  # dispatch on the model family
 from jspec.models.base import Capture
@@ -40,6 +41,46 @@ def load_hf(path, *, dtype=None, progress: bool = False):
         )
         return drafters.eagle3.load_head(path, dtype=dtype)
     return io.load_hf(path, dtype=dtype, progress=progress)
+
+
+def save(model, path, *, tokenizer=None, overwrite: bool = False) -> None:
+    """Write ``model`` to the directory ``path`` as a jspec checkpoint (``jspec.io.save``: config and
+    orbax parameters, bit-exact, atomic) and, given its tokenizer, the tokenizer and chat template
+    beside them as HF files, so the directory is a complete model: ``jspec.Tokenizer.from_pretrained(path)``
+    reads the same tokenizer back and ``scripts/generate.py --model path`` runs it on text.
+
+    Args:
+      model: the ``Model`` to write.
+      path: the checkpoint directory; absent or empty unless ``overwrite``.
+      tokenizer: None (the weights alone), a ``jspec.Tokenizer``, or what
+        ``jspec.Tokenizer.from_pretrained`` reads one from (a known model name, a GGUF file, an HF
+        directory).
+      overwrite: replace a checkpoint already at ``path``.
+
+    Raises:
+      ValueError: ``tokenizer`` is of another type, cannot be read, or has more ids than the
+        model's vocabulary (it belongs to another model); raised before anything is written.
+      FileExistsError: ``path`` is not empty and ``overwrite`` is False.
+    """
+    files = {} if tokenizer is None else _tokenizer_of(tokenizer, model.config.vocab_size).to_hf_files()
+    io.save(model, path, overwrite=overwrite, files=files)
+
+
+def _tokenizer_of(tokenizer, vocab_size: int) -> Tokenizer:
+    """``save``'s ``tokenizer`` argument as a ``Tokenizer`` that fits a vocabulary of ``vocab_size``."""
+    if isinstance(tokenizer, (str, _PathLike)):
+        tokenizer = Tokenizer.from_pretrained(tokenizer)
+    elif not isinstance(tokenizer, Tokenizer):
+        raise ValueError(
+            "tokenizer must be a jspec.Tokenizer, or a known model name, GGUF file or HF directory to read "
+            f"one from; got a {type(tokenizer).__name__}"
+        )
+    if tokenizer.vocab_size > vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary only {vocab_size}: "
+            "it is another model's tokenizer"
+        )
+    return tokenizer
 
 
 def load_hf_mtp(path, *, dtype=None):

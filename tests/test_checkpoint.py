@@ -1,4 +1,5 @@
-"""orbax save/restore round trip and the HF conversion script."""
+"""orbax save/restore round trip (with a tokenizer beside the weights: its bad input here, its
+round trip in test_text.py) and the HF conversion script."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 import jspec
-from tests.tiny import tiny_model
+from tests.tiny import tiny_model, write_tiny_hf_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -94,3 +95,29 @@ def test_convert_hf_script_end_to_end(hf_models, tmp_path):
 def test_convert_hf_script_help():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "convert_hf.py"), "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "SRC" in proc.stdout
+
+
+@pytest.mark.parametrize("tokenizer, message", [
+    (42, "tokenizer must be a jspec.Tokenizer.*got a int"),
+    ({"eos_token": "</s>"}, "got a dict"),
+    ("no/such/tokenizer.json", "no/such/tokenizer.json"),
+    (ROOT / "checkpoints" / "tiny-llama3", "has no tokenizer.json"),
+    ("tiny hf_dir", "has 34 ids but the model's vocabulary only 20"),
+])
+def test_a_bad_tokenizer_is_a_value_error_before_anything_is_written(tmp_path, tokenizer, message):
+    """A tokenizer of another type, a missing one, a directory without one and another model's
+    (more ids than the vocabulary) are each a ValueError naming it, and nothing is written."""
+    if tokenizer == "tiny hf_dir":
+        write_tiny_hf_tokenizer(tmp_path / "tokenizer")
+        tokenizer = tmp_path / "tokenizer"
+    before = set(tmp_path.iterdir())
+    with pytest.raises(ValueError, match=message):
+        jspec.save(tiny_model(vocab_size=20), tmp_path / "m", tokenizer=tokenizer)
+    assert set(tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize("name", ["jspec_config.json", "params", "../beside.txt", "sub/file.txt", ".."])
+def test_files_beside_a_checkpoint_have_plain_names_of_their_own(tmp_path, name):
+    with pytest.raises(ValueError, match="plain file names"):
+        jspec.io.save(tiny_model(), tmp_path / "m", files={name: "text"})
+    assert list(tmp_path.iterdir()) == []

@@ -16,8 +16,10 @@ import pytest
 from tokenizers import Tokenizer as Backend
 from tokenizers import models, pre_tokenizers, trainers
 
+import jspec
 from jspec.text import ChatTemplate, Tokenizer
 from tests import hf_oracle
+from tests.tiny import TINY, tiny_model, write_tiny_hf_tokenizer
 
 TEXTS = [
     "Hello world!",
@@ -212,6 +214,43 @@ EOS_TOKENS = {
 def test_eos_ids(source):
     tokenizer, _, name = source
     assert tokenizer.eos_ids == tuple(tokenizer.token_to_id(t) for t in EOS_TOKENS[name])
+
+
+@pytest.fixture(scope="module")
+def tiny_hf_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiny_tokenizer")
+    write_tiny_hf_tokenizer(directory)
+    return directory
+
+
+@pytest.mark.parametrize("given", ["path", "Tokenizer"])
+@pytest.mark.parametrize("name", ["smollm2 gguf", "llama3-style gguf", "tiny hf_dir"])
+def test_a_tokenizer_saved_beside_the_weights_reads_back_the_same(tmp_path, gguf_files, tiny_hf_dir, name, given):
+    """``jspec.save(model, path, tokenizer=...)``, given the source or its ``Tokenizer``, writes files
+    from which ``Tokenizer.from_pretrained(path)`` reads the source's tokenizer back: the same ids
+    with and without special tokens, decodes, chat renders, special tokens, EOS ids (a GGUF's
+    end-of-turn token included) and vocabulary. Sources: GGUFs (the tokenizer built from their
+    metadata) and an HF directory in forms the saved files do not take (the template in
+    ``chat_template.jinja``, BOS asked for by ``add_bos_token``, two EOS ids)."""
+    path = tiny_hf_dir if name == "tiny hf_dir" else gguf_files[name.split()[0]]
+    source = Tokenizer.from_pretrained(path)
+    model = tiny_model(vocab_size=max(source.vocab_size, TINY.vocab_size), hidden_size=16, num_heads=1,
+                       num_kv_heads=1, head_dim=16, intermediate_size=16, num_layers=1)
+    jspec.save(model, tmp_path / "m", tokenizer=path if given == "path" else source)
+    assert jspec.restore(tmp_path / "m").config == model.config
+    saved = Tokenizer.from_pretrained(tmp_path / "m")
+    for text in TEXTS:
+        for special in (True, False):
+            assert saved.encode(text, add_special_tokens=special) == source.encode(text, add_special_tokens=special)
+        ids = source.encode(text)
+        for skip in (True, False):
+            assert saved.decode(ids, skip_special_tokens=skip) == source.decode(ids, skip_special_tokens=skip)
+    assert saved.chat_template == source.chat_template
+    for chat in CHATS:
+        assert _render(saved, chat) == _render(source, chat)
+        assert saved.encode_chat(chat["messages"]) == source.encode_chat(chat["messages"])
+    assert (saved.special_tokens, saved.eos_ids, saved.vocab_size) == (
+        source.special_tokens, source.eos_ids, source.vocab_size)
 
 
 def test_template_errors_are_raised(gguf_tokenizer):

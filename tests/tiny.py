@@ -76,3 +76,37 @@ def _init_gemma4(config, key):
     # One compiled program per config (whatever the seed): much faster than creating the many
     # small arrays op by op, or than tracing and compiling a new program on every call.
     return jspec.init_params(config, key, scale=0.3)
+
+
+# A word-level vocabulary small enough for TINY (97 ids): whole words, split at whitespace and
+# punctuation, anything else <unk>.
+_WORDS = ("hello world the quick brown fox jumps over lazy dog what is speculative decoding a draft proposes "
+          "target verifies you are terse , . ! ? :").split()
+TINY_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|> {{ m.content }} <|end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def write_tiny_hf_tokenizer(directory) -> None:
+    """An HF tokenizer directory for the tiny models, in the forms a checkpoint may take: a
+    ``tokenizer.json`` without a post-processor (``tokenizer_config.json``'s ``add_bos_token`` asks
+    for BOS), the chat template in ``chat_template.jinja``, and ``generation_config.json`` stopping
+    at EOS and at the token closing a turn."""
+    import json
+    from pathlib import Path
+
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    special = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+    backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(special + list(_WORDS))}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    backend.save(str(directory / "tokenizer.json"))
+    config = dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>", add_bos_token=True, add_eos_token=False)
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    (directory / "chat_template.jinja").write_text(TINY_CHAT_TEMPLATE)
+    eos_ids = [special.index("</s>"), special.index("<|end|>")]
+    (directory / "generation_config.json").write_text(json.dumps(dict(eos_token_id=eos_ids)))

@@ -8,6 +8,7 @@ import json
 import shutil
 import tempfile
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 import jax
@@ -38,16 +39,24 @@ def config_from_dict(d: dict) -> AnyConfig:
     return _CONFIG_CLASSES.get(d.get("architecture"), llama.LlamaConfig).from_dict(d)
 
 
-def save(model: AnyModel, path, *, overwrite: bool = False) -> None:
+def save(model: AnyModel, path, *, overwrite: bool = False, files: Mapping[str, str] | None = None) -> None:
     """Write ``model`` to the directory ``path`` (config JSON + orbax parameter checkpoint).
 
     Atomic: everything is written into a temporary directory beside ``path`` and renamed into
     place, so an interrupted save leaves either the previous checkpoint (``overwrite=True``) or
     none, never a config that does not match its parameters. The previous checkpoint is renamed
     aside first and deleted only once the new one is in place.
+
+    ``files``: text files written beside the parameters in the same step (``{file name: contents}``,
+    e.g. a tokenizer's HF files, which ``jspec.save`` passes); a name that is not a plain file
+    name, or is the checkpoint's own, is a ``ValueError`` before anything is written.
     """
     import orbax.checkpoint as ocp
 
+    files = dict(files or {})
+    if bad := [n for n in files if n in (_CONFIG_FILE, _PARAMS_DIR, ".", "..") or Path(n).name != n]:
+        raise ValueError(f"cannot write {bad[0]!r} beside a checkpoint: give plain file names other than "
+                         f"{_CONFIG_FILE!r} and {_PARAMS_DIR!r}")
     path = Path(path).absolute()
     if path.exists() and any(path.iterdir()) and not overwrite:
         raise FileExistsError(f"{path} exists and is not empty (pass overwrite=True to replace it)")
@@ -55,6 +64,8 @@ def save(model: AnyModel, path, *, overwrite: bool = False) -> None:
     with atomic_directory(path) as staging:
         meta = {"config": config_to_dict(model.config), "dtype": np.dtype(model.dtype).name}
         (staging / _CONFIG_FILE).write_text(json.dumps(meta, indent=2))
+        for name, text in files.items():
+            (staging / name).write_text(text, encoding="utf-8")
         with ocp.StandardCheckpointer() as ckptr:
             ckptr.save(staging / _PARAMS_DIR, model, force=True)
             ckptr.wait_until_finished()

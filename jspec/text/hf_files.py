@@ -1,10 +1,12 @@
-"""A tokenizer from an HF checkpoint directory: ``tokenizer.json`` (the ``tokenizers`` pipeline
+"""A tokenizer in an HF checkpoint directory: ``tokenizer.json`` (the ``tokenizers`` pipeline
 itself), ``tokenizer_config.json`` (special tokens, BOS/EOS flags, maybe the chat template),
-``chat_template.jinja``, and the EOS ids of ``generation_config.json`` (else ``config.json``)."""
+``chat_template.jinja``, and the EOS ids of ``generation_config.json`` (else ``config.json``);
+read by ``tokenizer_parts``, written by ``tokenizer_files``."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from tokenizers import Tokenizer as Backend
@@ -67,3 +69,34 @@ def tokenizer_parts(directory: Path) -> dict:
         chat_template=_chat_template(directory, config),
         eos_ids=_eos_ids(directory, backend, special_tokens.get("eos_token")),
     )
+
+
+def tokenizer_files(
+    *, backend: Backend, special_tokens: Mapping[str, str], chat_template: str | None, eos_ids: Iterable[int]
+) -> dict[str, str]:
+    """The HF files of a tokenizer, from which ``tokenizer_parts`` (and transformers'
+    ``AutoTokenizer``) reads the same tokenizer back.
+
+    The BOS/EOS flags are left out of ``tokenizer_config.json``: ``tokenizer.json`` carries the
+    post-processor that adds them, and a stated flag would have it rebuilt. The EOS ids go to
+    ``generation_config.json`` as a list, so every id generation stops at (a GGUF's end-of-turn
+    token too, or none) comes back, not only the EOS token's.
+
+    Args:
+      backend: the assembled HF ``tokenizers.Tokenizer`` (special tokens and post-processor included).
+      special_tokens: ``{"bos_token": ..., "eos_token": ...}`` as the chat template sees them.
+      chat_template: the Jinja source, or None.
+      eos_ids: the ids generation stops at.
+
+    Returns:
+      ``{file name: contents}``: ``tokenizer.json``, ``tokenizer_config.json`` (the special tokens and
+      the chat template, as transformers' ``save_pretrained`` writes them) and ``generation_config.json``.
+    """
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **special_tokens}
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    return {
+        "tokenizer.json": backend.to_str(pretty=True),
+        "tokenizer_config.json": json.dumps(config, indent=2, ensure_ascii=False),
+        "generation_config.json": json.dumps({"eos_token_id": list(eos_ids)}, indent=2),
+    }

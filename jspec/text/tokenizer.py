@@ -109,6 +109,19 @@ class Tokenizer:
         text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **variables)
         return self.encode(text, add_special_tokens=False)
 
+    def to_hf_files(self) -> dict[str, str]:
+        """This tokenizer as HF files, which ``from_pretrained`` on the directory holding them reads
+        back as the same tokenizer (same ids, decodes, chat template and EOS ids), whatever it was
+        read from (a GGUF's included).
+
+        Returns:
+          ``{file name: contents}``; see ``jspec.text.hf_files.tokenizer_files``.
+        """
+        return hf_files.tokenizer_files(
+            backend=self.backend, special_tokens=self.special_tokens,
+            chat_template=None if self.chat_template is None else self.chat_template.source, eos_ids=self.eos_ids,
+        )
+
     def _end_of_turn_id(self) -> int | None:
         """The special token the chat template writes right after an assistant's reply, if any."""
         if self.chat_template is None:
