@@ -3,6 +3,7 @@ round trip in test_text.py) and the HF conversion script."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -82,14 +83,38 @@ def test_convert_hf_script_end_to_end(hf_models, tmp_path):
     dst = tmp_path / "converted"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "convert_hf.py"), str(hf_models / "qwen3-sharded"), str(dst),
-         "--dtype", "bfloat16"],
+         "--dtype", "bfloat16", "--no-tokenizer"],  # transformers' tiny random checkpoints come without one
         capture_output=True, text=True, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr
+    assert not (dst / "tokenizer.json").exists()
     restored = jspec.restore(dst)
     direct = jspec.load_hf(hf_models / "qwen3", dtype=jnp.bfloat16)
     for a, b in zip(jax.tree.leaves(direct), jax.tree.leaves(restored), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_convert_hf_script_takes_the_tokenizer_from_the_source_or_says_where_else(tmp_path, capsys):
+    """A source without a tokenizer is a one-line error naming --tokenizer and --no-tokenizer, with
+    nothing written; ``--tokenizer SPEC`` takes it from SPEC. (The source's own tokenizer, and
+    generating from what the script wrote: test_scripts.py.)"""
+    spec = importlib.util.spec_from_file_location("convert_hf_script", ROOT / "scripts" / "convert_hf.py")
+    convert = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(convert)
+    tiny = ROOT / "checkpoints" / "tiny-llama3"  # no tokenizer
+    with pytest.raises(SystemExit) as exit_:
+        convert.main([str(tiny), str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1
+    assert "has no tokenizer.json" in err and "--tokenizer SPEC" in err and "--no-tokenizer" in err
+    assert not (tmp_path / "a").exists()
+    write_tiny_hf_tokenizer(tmp_path / "tokenizer")
+    convert.main([str(tiny), str(tmp_path / "b"), "--tokenizer", str(tmp_path / "tokenizer")])
+    assert "with its tokenizer" in capsys.readouterr().out
+    given, saved = (jspec.Tokenizer.from_pretrained(tmp_path / d) for d in ("tokenizer", "b"))
+    assert saved.encode_chat([{"role": "user", "content": "hello world"}]) == given.encode_chat(
+        [{"role": "user", "content": "hello world"}])
+    assert saved.eos_ids == given.eos_ids
 
 
 def test_convert_hf_script_help():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -97,6 +98,25 @@ def test_token_id_mode_without_a_tokenizer(generate, capsys):
     out = capsys.readouterr().out
     assert out.count("identical to plain decoding: yes") == 1
     assert "[0] " not in out and re.search(r"^  \[\d+(, \d+)*\]", out, re.M)  # ids, one line per prompt
+
+
+def test_a_converted_checkpoint_generates_from_text(generate, tmp_path, capsys):
+    """The two commands a new user runs: convert a checkpoint that has a tokenizer, then generate
+    from the converted directory with a text prompt, which reaches the model as the source
+    tokenizer's chat ids."""
+    from jspec.text import Tokenizer
+    from tests.tiny import write_tiny_hf_tokenizer
+
+    shutil.copytree(TINY, tmp_path / "src")
+    write_tiny_hf_tokenizer(tmp_path / "src")
+    _ok(ROOT / "scripts" / "convert_hf.py", tmp_path / "src", tmp_path / "converted")
+    prompt = "what is speculative decoding ?"
+    generate.main(["--model", str(tmp_path / "converted"), "--prompt", prompt, "--max-new-tokens", "6",
+                   "--impl", "xla"])
+    out = capsys.readouterr().out
+    ids = Tokenizer.from_pretrained(tmp_path / "src").encode_chat([{"role": "user", "content": prompt}])
+    assert f"prompt ({len(ids)} tokens):" in out
+    assert "identical to plain decoding: yes" in out and re.search(r"^  \| ", out, re.M)
 
 
 # Each bad command line: exit code 2 and one line on stderr, before any compute.
