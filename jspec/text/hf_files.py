@@ -53,7 +53,10 @@ def tokenizer_parts(directory: Path) -> dict:
     """What ``Tokenizer`` is assembled from (see ``Tokenizer.assemble``), read from an HF directory."""
     tokenizer_file = directory / "tokenizer.json"
     if not tokenizer_file.is_file():
-        raise ValueError(f"{directory} has no tokenizer.json (an HF tokenizer directory is expected)")
+        raise ValueError(
+            f"{directory} has no tokenizer.json (expected: an HF tokenizer directory, or a jspec checkpoint saved "
+            "with its tokenizer by scripts/convert_hf.py or jspec.save(..., tokenizer=...))"
+        )
     try:
         backend = Backend.from_file(str(tokenizer_file))
     except Exception as e:  # tokenizers raises a bare Exception on a malformed file
