@@ -269,6 +269,10 @@ def speculative_generate(
     if tree is not None and not hasattr(drafter, "propose_tree"):
         raise ValueError(f"topk={topk}: {type(drafter).__name__} drafts chains only (topk=1)")
     drafter = drafter.bind(target)  # checks compatibility first
+    most = getattr(drafter, "max_draft_tokens", None)  # a block drafter's block bounds k (DFlash)
+    if most is not None and num_draft_tokens > most:
+        raise ValueError(f"num_draft_tokens={num_draft_tokens} exceeds the {most} drafts a round of "
+                         f"{type(drafter).__name__} makes")
     batch = host_batch(target, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                        eos_id=eos_id, key=key)
     prompts, tokens, lengths = batch.prompts, batch.tokens, batch.lengths

@@ -76,6 +76,13 @@ def hf_models(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def hf_dflash(tmp_path_factory):
+    """DFlash checkpoints in the published layout, their Qwen3 target and the authors' greedy rounds
+    (tests/hf_reference/dflash.py)."""
+    return _made_once_per_run(tmp_path_factory, "dflash")
+
+
+@pytest.fixture(scope="session")
 def hf_gemma4(tmp_path_factory):
     """Tiny random Gemma 4 HF checkpoints + reference outputs (tests/hf_reference/gemma4.py, cmd_gemma4)."""
     return _made_once_per_run(tmp_path_factory, "gemma4")

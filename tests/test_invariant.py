@@ -19,7 +19,7 @@ from pallas_kernels.attention.decode_attention import decode_attention, decode_a
 from pallas_kernels.attention.invariant_attention import decode_attention_invariant
 from pallas_kernels.matmul.skinny_matmul import invariant_config, skinny_matmul, skinny_matmul_pallas, skinny_matmul_reference
 from tests._lowering import lower_for_cuda, triton_kernel_count
-from tests.tiny import TINY, TINY_GEMMA4, eagle3_head
+from tests.tiny import TINY, TINY_GEMMA4, dflash, eagle3_head
 
 INVARIANT = "invariant"
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [1, 2, 3], [9, 8, 7, 6, 5, 4, 3, 2, 1, 9, 8]]  # ragged
@@ -216,10 +216,11 @@ def _drafters(target):
         "ngram": NGram(),
         "eagle3": Eagle3(_bf16(eagle3_head(3, target, aux=(0, 1, 1)))),
         "mtp": MTP(_bf16(init_mtp_head(target.config, jax.random.key(4), scale=0.3))),
+        "dflash": dflash(target),
     }
 
 
-@pytest.mark.parametrize("name", ["draft-model", "ngram", "eagle3", "mtp"])
+@pytest.mark.parametrize("name", ["draft-model", "ngram", "eagle3", "mtp", "dflash"])
 def test_speculative_greedy_equals_plain_greedy_bitwise_in_bf16(target, name):
     plain = jspec.generate(target, PROMPTS, 24, impl=INVARIANT)
     result = jspec.speculative_generate(target, _drafters(target)[name], PROMPTS, 24, num_draft_tokens=3,

@@ -13,7 +13,7 @@ import jspec
 from jspec.drafters import MTP, DraftModel, Eagle3, NGram, init_mtp_head
 from jspec.sampling import SamplingParams, probabilities
 from tests.stats import assert_cells_match, assert_matches_distribution, samples_to_detect
-from tests.tiny import eagle3_head, tiny_model
+from tests.tiny import dflash, eagle3_head, tiny_model
 
 MAX_NEW = 16
 
@@ -124,6 +124,7 @@ SAMPLING_CASES = [
     ("ngram", dict(temperature=1.0)),
     ("eagle3", dict(temperature=1.0)),  # reduced draft vocab: q is zero outside it
     ("mtp", dict(temperature=0.9, top_k=6)),
+    ("dflash", dict(temperature=0.8, top_p=0.9)),  # one block: both drafts from one forward
 ]
 
 
@@ -134,6 +135,8 @@ def _sampling_drafter(kind, target):
         return Eagle3(eagle3_head(14, target, draft_vocab=6, aux=(0, 1, 1)))
     if kind == "mtp":
         return MTP(init_mtp_head(target.config, jax.random.key(15), scale=0.3))
+    if kind == "dflash":
+        return dflash(target, block_size=3, seed=16)
     return NGram(max_ngram=2)
 
 

@@ -42,6 +42,19 @@ def eagle3_head(seed, target, *, hidden=None, draft_vocab=40, aux=None, **kw):
     return init_eagle3_head(config, jax.random.key(seed), scale=0.3, **kw)
 
 
+def dflash(target, *, block_size=5, ids=(0, 1), seed=1, dtype=None):
+    """A random DFlash drafter for ``target`` (its vocabulary and width; the mask token its last id;
+    two Qwen3 draft layers reading the outputs of target layers ``ids``)."""
+    from jspec.drafters import DFlash, DFlashConfig, init_dflash_head
+
+    c = target.config
+    layer = dataclasses.replace(TINY, vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_layers=2,
+                                architecture="Qwen3ForCausalLM", qk_norm=True, rope_theta=1000.0)
+    config = DFlashConfig(layer=layer, block_size=block_size, mask_token_id=c.vocab_size - 1,
+                          target_layer_ids=tuple(ids), num_target_layers=c.num_layers)
+    return DFlash(init_dflash_head(config, jax.random.key(seed), dtype or target.embed.dtype, scale=0.3))
+
+
 _S, _F = "sliding_attention", "full_attention"
 # Everything Gemma 4 has: two layer geometries, k_eq_v, a window shorter than most prompts,
 # per-layer embeddings, two KV-shared layers (one per type), soft-capped logits.

@@ -3,6 +3,7 @@
 ``prefill``, ``propose``, ``commit``); the ones with weights load through ``Drafter.load(path)``."""
 
 from jspec.drafters.base import CommitContext, Drafter, PrefillContext, RoundContext
+from jspec.drafters.dflash import DFlash, DFlashConfig, DFlashHead, init_dflash_head
 from jspec.drafters.draft_model import DraftModel
 from jspec.drafters.eagle3 import Eagle3, Eagle3Config, Eagle3Head, init_eagle3_head
 from jspec.drafters.frozen_kv_mtp import Assistant, AssistantConfig, FrozenKVMTP, assistant_config, init_assistant
@@ -13,6 +14,9 @@ __all__ = [
     "Assistant",
     "AssistantConfig",
     "CommitContext",
+    "DFlash",
+    "DFlashConfig",
+    "DFlashHead",
     "DraftModel",
     "Drafter",
     "Eagle3",
@@ -25,6 +29,7 @@ __all__ = [
     "PrefillContext",
     "RoundContext",
     "assistant_config",
+    "init_dflash_head",
     "init_assistant",
     "init_eagle3_head",
     "init_mtp_head",

@@ -69,7 +69,9 @@ class CommitContext:
 @runtime_checkable
 class Drafter(Protocol):
     """Everything a speculation round asks of a drafter. All of it is pure; ``prefill``,
-    ``propose`` and ``commit`` run inside the jitted round."""
+    ``propose`` and ``commit`` run inside the jitted round. A drafter whose round drafts at most a
+    fixed number of tokens (a block drafter) says so in an optional ``max_draft_tokens`` int
+    attribute, checked against ``num_draft_tokens`` before any compute."""
 
     @property
     def capture(self) -> Capture:

@@ -8,12 +8,16 @@ written in ``jspec.models.base``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
+import jax
 import jax.numpy as jnp
 
 from jspec.models import gemma4, llama
-from jspec.models.base import NO_CAPTURE, Capture, as_is
+from jspec.execution import DEFAULT, Execution
+from jspec.models.base import NO_CAPTURE, Capture, as_is, lm_head
+from jspec.models.gemma4.model import embed_tokens as gemma4_embed_tokens, softcap
 
 # Any family's parameters (annotations only).
 AnyModel = llama.Model | gemma4.Model
@@ -41,4 +45,37 @@ def init_params(config, key, dtype=jnp.float32, *, scale: float = 0.02, build=as
 init_params.register(llama.LlamaConfig, llama.init_params)
 init_params.register(gemma4.Gemma4Config, gemma4.init_params)
 
-__all__ = ["AnyConfig", "AnyModel", "Capture", "forward", "gemma4", "init_params", "llama"]
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TokenIO:
+    """A target's token embedding and LM head, for drafters that borrow both (DFlash).
+
+    ``embed [vocab, hidden]``; ``lm_head [hidden, vocab]`` or None when tied; ``embed_scale``:
+    whether embedded rows are scaled by ``sqrt(hidden)`` in the table's dtype (Gemma 4);
+    ``softcap``: the family's logit soft-cap (Gemma 4), None for none."""
+
+    embed: jax.Array
+    lm_head: jax.Array | None
+    embed_scale: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    softcap: float | None = dataclasses.field(default=None, metadata=dict(static=True))
+
+    def embed_tokens(self, tokens: jax.Array) -> jax.Array:
+        """``tokens [...]`` -> ``[..., hidden]`` as the target embeds its input."""
+        return gemma4_embed_tokens(self.embed, tokens) if self.embed_scale else self.embed[tokens]
+
+    def logits(self, h: jax.Array, ex: Execution = DEFAULT) -> jax.Array:
+        """fp32 logits ``[..., vocab]`` of final-normed rows ``h [..., hidden]``, as the target's head."""
+        return softcap(lm_head(self.embed, self.lm_head, h, ex), self.softcap)
+
+
+def token_io(model: AnyModel) -> TokenIO:
+    """The :class:`TokenIO` of a target of any family."""
+    if isinstance(model, gemma4.Model):
+        return TokenIO(model.embed, model.lm_head, embed_scale=True, softcap=model.config.final_logit_softcapping)
+    if isinstance(model, llama.Model):
+        return TokenIO(model.embed, model.lm_head)
+    raise TypeError(f"no token embedding / LM head known for {type(model).__name__}")
+
+
+__all__ = ["AnyConfig", "AnyModel", "Capture", "TokenIO", "forward", "gemma4", "init_params", "llama", "token_io"]

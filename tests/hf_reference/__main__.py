@@ -8,13 +8,14 @@ checkpoints made by transformers itself and the outputs jspec must reproduce.
   python tests/hf_reference models OUT_DIR     # one sub-directory per case, see CASES
   python tests/hf_reference eagle3 OUT_DIR     # EAGLE-3 heads (EAGLE3_CASES) + their target
   python tests/hf_reference mtp OUT_DIR        # targets with an MTP layer (MTP_CASES)
+  python tests/hf_reference dflash OUT_DIR     # DFlash drafts (DFLASH_CASES) + their Qwen3 target
   python tests/hf_reference gemma4 OUT_DIR     # Gemma 4 text models (GEMMA4_CASES)
   python tests/hf_reference gemma4-assistant OUT_DIR   # Gemma 4 assistants + targets (ASSISTANT_CASES)
   python tests/hf_reference tokenizer CASES_JSON OUT_DIR GGUF...   # GGUF tokenizers, see cmd_tokenizer
   python tests/hf_reference gguf OUT_DIR       # tiny GGUF files (GGUF_CASES) read back by transformers
   python tests/hf_reference gguf-real GGUF OUT_DIR   # a real GGUF on real text, see cmd_gguf_real
 
-The cases live beside the commands: CASES in common.py, EAGLE3_CASES and MTP_CASES in drafters.py,
+The cases live beside the commands: CASES in common.py, EAGLE3_CASES and MTP_CASES in drafters.py, DFLASH_CASES in dflash.py,
 GEMMA4_CASES and ASSISTANT_CASES in gemma4.py, GGUF_CASES in gguf_files.py (not gguf.py: Python
 runs this folder with it first on the path, where a gguf.py would hide the gguf package).
 """
@@ -24,12 +25,13 @@ from __future__ import annotations
 import sys
 
 from common import cmd_models
+from dflash import cmd_dflash
 from drafters import cmd_eagle3, cmd_mtp
 from gemma4 import cmd_gemma4, cmd_gemma4_assistant
 from gguf_files import cmd_gguf, cmd_gguf_real, cmd_tokenizer
 
 COMMANDS = {
-    "models": cmd_models, "eagle3": cmd_eagle3, "mtp": cmd_mtp, "gemma4": cmd_gemma4, "tokenizer": cmd_tokenizer,
+    "models": cmd_models, "eagle3": cmd_eagle3, "dflash": cmd_dflash, "mtp": cmd_mtp, "gemma4": cmd_gemma4, "tokenizer": cmd_tokenizer,
     "gemma4-assistant": cmd_gemma4_assistant, "gguf": cmd_gguf, "gguf-real": cmd_gguf_real,
 }
 
