@@ -3,7 +3,8 @@
 The front doors: ``load_hf`` / ``load_gguf`` / ``save`` / ``restore`` (checkpoints; real models
 by name through ``jspec.io.load_model``), ``generate`` and ``score``
 (plain decoding), ``speculative_generate`` with a drafter from ``jspec.drafters``; ``shard`` places
-a model and its drafter on a device mesh (tensor parallelism).
+a model and its drafter on a device mesh (tensor parallelism); ``quantize`` gives a model or a drafter
+int8, fp8 or int4 weights (``jspec.quant``).
 """
 
 import warnings as _warnings
@@ -19,6 +20,7 @@ from jspec.models import forward, init_params  # dispatch on the model family
 from jspec.models.base import Capture
 from jspec.models.gemma4 import Gemma4Config
 from jspec.models.llama import LlamaConfig, Model
+from jspec.quant import quantize
 from jspec.sampling import SamplingParams
 from jspec.sharding import shard, tensor_parallel_mesh
 from jspec.speculative import SpecResult, speculative_generate
@@ -110,6 +112,7 @@ __all__ = [
     "load_gguf",
     "load_hf",
     "load_hf_mtp",
+    "quantize",
     "restore",
     "save",
     "score",

@@ -1,7 +1,7 @@
 """Building blocks shared by every model family, through the kernels' dispatchers: norms,
 projections, the gated MLP (its gate fused into the gate/up matmul where a kernel runs), the
 residual stream, and RoPE with the K/V cache write after the q/k/v projection; the rotary tables
-live in ``jspec.rope``.
+live in ``jspec.rope``. A projection's weight is an array or a ``jspec.quant.QuantizedWeight``.
 
 The residual protocol, one for every family: a branch of a layer (attention, MLP, Gemma 4's
 per-layer input) ends in its output projection's partial sums ``[splits, batch, T, hidden]``
@@ -23,16 +23,16 @@ import jax.numpy as jnp
 
 from jspec.execution import DEFAULT, Execution
 from jspec.parallel import split_columns
+from jspec.quant import QuantizedWeight, matmul, matmul_parts
 from jspec.step import Step
-from pallas_kernels import skinny_matmul
 from pallas_kernels.norm.add_rms_norm import add_rms_norm, sum_parts
-from pallas_kernels.matmul.skinny_matmul import GATES, skinny_matmul_parts
+from pallas_kernels.matmul.skinny_matmul import GATES
 from pallas_kernels.norm.gather_rows import FP32_SCALE, gather_rows_pallas, rms_norm as _rms_norm
 from pallas_kernels.norm.gather_rows import rms_norm_fp32_scale as _rms_norm_fp32_scale
 from pallas_kernels.rope_write import check_norm, rope_write, rope_write_heads, rotate_half
 
 __all__ = ["rms_norm", "rms_norm_fp32_scale", "Residual", "add_norm", "linear", "linear_parts", "gated_mlp",
-           "ACTIVATIONS", "apply_rope", "HeadNorms", "rope_and_write"]
+           "check_unquantized", "ACTIVATIONS", "apply_rope", "HeadNorms", "rope_and_write"]
 
 # The MLP gates by name: the matmul kernel applies these to the gate itself where it runs.
 ACTIVATIONS = GATES  # "silu" (Llama / Qwen), "gelu_tanh" (HF gelu_pytorch_tanh, Gemma 4)
@@ -63,35 +63,49 @@ def rms_norm_fp32_scale(x: jax.Array, weight: jax.Array | None, eps: float, ex: 
     return _rms_norm_fp32_scale(x, weight, eps)
 
 
-def linear(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, ex: Execution = DEFAULT, *,
+def linear(x: jax.Array, w: jax.Array | QuantizedWeight, bias: jax.Array | None = None, ex: Execution = DEFAULT, *,
            split: str | None = None) -> jax.Array:
-    """``x [..., in] @ w [in, out]`` (+ ``bias [out]``) in x's dtype, accumulated in fp32. On a placed
-    model (``ex.placement``) a ``split="column"`` / ``"row"`` weight runs per device (``jspec.parallel``)."""
-    matmul = functools.partial(skinny_matmul, impl=ex.kernels)
+    """``x [..., in] @ w [in, out]`` (+ ``bias [out]``) in x's dtype, accumulated in fp32; ``w`` an
+    array or a ``QuantizedWeight``. On a placed model (``ex.placement``) a ``split="column"`` /
+    ``"row"`` weight runs per device (``jspec.parallel``)."""
+    product = functools.partial(matmul, impl=ex.kernels)
     placement = ex.placement
-    y = matmul(x, w) if placement is None or split is None else getattr(placement, split)(matmul, x, w)
+    if placement is None or split is None:
+        y = product(x, w)
+    else:
+        check_unquantized(w, "a placed model's split projections")
+        y = getattr(placement, split)(product, x, w)
     return y if bias is None else y + bias.astype(y.dtype)
 
 
-def linear_parts(x: jax.Array, w: jax.Array, ex: Execution = DEFAULT, *, split: str | None = None) -> jax.Array:
+def check_unquantized(w, what: str) -> None:
+    """``ValueError`` for a quantized ``w`` where ``what`` takes weight arrays only."""
+    if isinstance(w, QuantizedWeight):
+        raise ValueError(f"{what} take weight arrays, not quantized weights: quantize an unplaced model "
+                         "and run it on one device")
+
+
+def linear_parts(x: jax.Array, w: jax.Array | QuantizedWeight, ex: Execution = DEFAULT, *,
+                 split: str | None = None) -> jax.Array:
     """A branch's output projection ``x [..., in] @ w [in, out]`` as partial sums ``[splits, ..., out]``
     for :func:`add_norm`: the kernel's split-K partials where kernels fuse, else ``[1, ..., out]``
     holding :func:`linear`'s product."""
     if ex.fuses:
-        return skinny_matmul_parts(x, w, impl=ex.kernels)
+        return matmul_parts(x, w, impl=ex.kernels)
     return linear(x, w, None, ex, split=split)[None]
 
 
-def gated_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array, activation: str, ex: Execution = DEFAULT) -> jax.Array:
+def gated_mlp(x: jax.Array, gate_up: jax.Array | QuantizedWeight, down: jax.Array | QuantizedWeight, activation: str,
+              ex: Execution = DEFAULT) -> jax.Array:
     """The MLP branch ``down(activation(gate(x)) * up(x))`` for rows ``x [..., hidden]``, gate and up
-    fused into one ``gate_up [hidden, 2 * inter]`` matrix, ``down [inter, hidden]``; ``activation``
-    a name in :data:`ACTIVATIONS`. Where kernels fuse (``ex.fuses``) the gating goes into the gate/up
+    fused into one ``gate_up [hidden, 2 * inter]`` matrix, ``down [inter, hidden]`` (arrays or
+    quantized weights); ``activation`` a name in :data:`ACTIVATIONS`. Where kernels fuse (``ex.fuses``) the gating goes into the gate/up
     matmul's kernel (one launch instead of two). Returns the down projection's partial sums
     ``[splits, ..., hidden]`` (:func:`linear_parts`)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown MLP activation {activation!r}: expected one of {tuple(ACTIVATIONS)}")
     if ex.fuses:
-        hidden = skinny_matmul(x, gate_up, impl=ex.kernels, gated=activation)
+        hidden = matmul(x, gate_up, impl=ex.kernels, gated=activation)
     else:
         inter = gate_up.shape[-1] // 2
         gate, up = split_columns(linear(x, gate_up, None, ex, split="column"), (inter, inter), ex.placement)

@@ -30,12 +30,13 @@ from jax.sharding import NamedSharding, PartitionSpec
 COLUMN, ROW = "column", "row"
 
 
-def split(how: str, **field_options) -> dataclasses.Field:
+def split(how: str, *, metadata: Mapping | None = None, **field_options) -> dataclasses.Field:
     """A parameter field (``dataclasses.field``) declaring how ``jspec.shard`` splits it: :data:`COLUMN`
-    or :data:`ROW`; a field without a declaration is replicated."""
+    or :data:`ROW`; a field without a declaration is replicated. ``metadata``: the field's other
+    declarations (e.g. ``jspec.quant.MATMUL_WEIGHT``)."""
     if how not in (COLUMN, ROW):
         raise ValueError(f"split must be {COLUMN!r} or {ROW!r}, got {how!r}")
-    return dataclasses.field(metadata=dict(split=how), **field_options)
+    return dataclasses.field(metadata={**(metadata or {}), "split": how}, **field_options)
 
 
 def declared_split(tree, path) -> str | None:

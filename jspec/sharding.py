@@ -37,6 +37,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jspec.models import gemma4, init_params, llama
 from jspec.parallel import COLUMN, ROW, TensorParallel, declared_split, map_fused, map_fused_layer, plain_order
+from jspec.quant import quantized_layout
 
 TP_AXIS = "tp"
 _MODELS = (llama.Model, gemma4.Model)
@@ -106,9 +107,12 @@ def device_major(model, parallel: TensorParallel):
 
 def shard(tree, mesh: Mesh, *, axis: str = TP_AXIS):
     """``tree`` with every array placed on ``mesh`` (module docstring) and every target model in it
-    making its caches split over KV heads."""
+    making its caches split over KV heads. ``ValueError`` for a tree with quantized weights."""
     if axis not in mesh.axis_names:
         raise ValueError(f"the mesh has no axis {axis!r} (axes: {mesh.axis_names})")
+    if quantized_layout(tree):
+        raise ValueError("jspec.shard places weight arrays; this tree holds quantized weights, which run on one "
+                         "device: shard the unquantized model")
 
     def place_leaf(leaf):  # a model by its field names; an array outside any model replicated
         if isinstance(leaf, _MODELS):

@@ -24,7 +24,7 @@ import dataclasses
 import jax
 
 IMPLS = ("auto", "pallas", "xla", "invariant")
-KERNELS = ("add_rms_norm", "decode_attention", "gather_rows", "rope_write", "skinny_matmul")
+KERNELS = ("add_rms_norm", "decode_attention", "gather_rows", "quantized_matmul", "rope_write", "skinny_matmul")
 
 
 @dataclasses.dataclass(frozen=True)

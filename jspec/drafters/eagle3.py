@@ -40,6 +40,7 @@ from jspec.layers import linear, rms_norm
 from jspec.models.base import Capture, random_matrix, random_norm_weight
 from jspec.models.llama import Layer, LlamaConfig, Model, from_hf_config, init_layer
 from jspec.models.llama.weights import layer_arrays, layer_tensors, read_layer
+from jspec.quant import MATMUL_WEIGHT, TABLE_WEIGHT
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 
@@ -63,13 +64,13 @@ class Eagle3Config:
 class Eagle3Head:
     """EAGLE-3 parameters; linear weights ``[in, out]``."""
 
-    fc: jax.Array  # [num_aux * H_t, H]
+    fc: jax.Array = dataclasses.field(metadata=MATMUL_WEIGHT)  # [num_aux * H_t, H]
     hidden_norm: jax.Array  # [H]   midlayer.hidden_norm (on fc output / recycled hidden)
     layer: Layer  # attn_norm = midlayer.input_layernorm (on the embedding); qkv [2H, q + 2kv]
     norm: jax.Array  # [H]
-    lm_head: jax.Array = split(COLUMN)  # [H, V_d]
+    lm_head: jax.Array = split(COLUMN, metadata=MATMUL_WEIGHT)  # [H, V_d]
     d2t: jax.Array | None  # [V_d] int32 offsets: target id = i + d2t[i]; None when V_d == V
-    embed: jax.Array | None = split(ROW)  # [V, H] own embedding, None = the target's
+    embed: jax.Array | None = split(ROW, metadata=TABLE_WEIGHT)  # [V, H] own embedding, None = the target's
     fc_bias: jax.Array | None = None  # [H]
     fc_norm: tuple[jax.Array, ...] | None = None  # SpecForge fc_norm: one [H_t] norm per chunk
     config: Eagle3Config = dataclasses.field(default=None, metadata=dict(static=True))
@@ -86,7 +87,7 @@ class Eagle3(HiddenStateDrafter):
     ``speculative_generate``) attaches the target's embedding and resolves the captured layers."""
 
     head: Eagle3Head
-    embed: jax.Array | None = split(ROW, default=None)  # the target's table, set by bind when the head has none
+    embed: jax.Array | None = split(ROW, metadata=TABLE_WEIGHT, default=None)  # the target's table, set by bind when the head has none
     aux_layers: tuple[int, ...] | None = dataclasses.field(default=None, metadata=dict(static=True))
     # The target's kernels, set by bind (one impl= for target and drafter); never a placement.
     execution: Execution = dataclasses.field(default=DEFAULT, metadata=dict(static=True))

@@ -57,6 +57,7 @@ from jspec.layers import linear, rms_norm
 from jspec.models.base import Capture, lm_head, random_matrix, random_norm_weight
 from jspec.models.llama import Layer, LlamaConfig, Model, from_hf_config, init_layer, to_hf_config
 from jspec.models.llama.weights import layer_arrays, layer_tensors, read_layer
+from jspec.quant import MATMUL_WEIGHT, TABLE_WEIGHT
 
 _HIDDEN_CHOICES = ("post_norm", "pre_norm")
 # Fields of the target config the MTP block depends on.
@@ -73,7 +74,7 @@ class MTPHead:
 
     enorm: jax.Array  # [H]   on the token embedding   (mtp.pre_fc_norm_embedding)
     hnorm: jax.Array  # [H]   on the previous hidden   (mtp.pre_fc_norm_hidden)
-    eh_proj: jax.Array  # [2H, H]                      (mtp.fc)
+    eh_proj: jax.Array = dataclasses.field(metadata=MATMUL_WEIGHT)  # [2H, H]   (mtp.fc)
     layer: Layer  # the decoder block, target layer type
     norm: jax.Array  # [H]   shared_head.norm / mtp.norm
     config: LlamaConfig = dataclasses.field(default=None, metadata=dict(static=True))
@@ -86,8 +87,8 @@ class MTP(HiddenStateDrafter):
     """MTP drafter (API): ``MTP(head, input_hidden=..., recycled_hidden=...)``."""
 
     head: MTPHead
-    embed: jax.Array | None = split(ROW, default=None)  # the target's, set by bind
-    lm_head: jax.Array | None = split(COLUMN, default=None)  # the target's ([H, V]); None with embed set = tied
+    embed: jax.Array | None = split(ROW, metadata=TABLE_WEIGHT, default=None)  # the target's, set by bind
+    lm_head: jax.Array | None = split(COLUMN, metadata=MATMUL_WEIGHT, default=None)  # the target's ([H, V]); None with embed set = tied
     input_hidden: str = dataclasses.field(default="post_norm", metadata=dict(static=True))
     recycled_hidden: str = dataclasses.field(default="post_norm", metadata=dict(static=True))
     # The target's kernels, set by bind (one impl= for target and drafter); never a placement.

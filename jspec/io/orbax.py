@@ -19,6 +19,7 @@ import numpy as np
 from jspec.io.safetensors import read_json
 from jspec.models import AnyConfig, AnyModel, gemma4, init_params, llama
 from jspec.parallel import plain_order
+from jspec.quant import quantize_like, quantized_layout
 
 _CONFIG_FILE = "jspec_config.json"
 _PARAMS_DIR = "params"
@@ -62,7 +63,8 @@ def save(model: AnyModel, path, *, overwrite: bool = False, files: Mapping[str, 
         raise FileExistsError(f"{path} exists and is not empty (pass overwrite=True to replace it)")
     model = plain_order(model)  # a placed model's fused weights are stored device-major
     with atomic_directory(path) as staging:
-        meta = {"config": config_to_dict(model.config), "dtype": np.dtype(model.dtype).name}
+        meta = {"config": config_to_dict(model.config), "dtype": np.dtype(model.dtype).name,
+                "quantized": quantized_layout(model)}
         (staging / _CONFIG_FILE).write_text(json.dumps(meta, indent=2))
         for name, text in files.items():
             (staging / name).write_text(text, encoding="utf-8")
@@ -92,13 +94,16 @@ def atomic_directory(path):
 
 
 def restore(path) -> AnyModel:
-    """Read a ``Model`` written by ``save``; the arrays come back bit-exactly."""
+    """Read a ``Model`` written by ``save``; the arrays come back bit-exactly, quantized weights as
+    they were saved."""
     import orbax.checkpoint as ocp
 
     path = Path(path).absolute()
     meta = read_json(path / _CONFIG_FILE)
     config = config_from_dict(meta["config"])
     dtype = jnp.dtype(getattr(ml_dtypes, meta["dtype"], meta["dtype"]))
-    abstract = jax.eval_shape(lambda: init_params(config, jax.random.key(0), dtype))
+    # A checkpoint without quantized weights records none.
+    layout = meta.get("quantized", {})
+    abstract = jax.eval_shape(lambda: quantize_like(init_params(config, jax.random.key(0), dtype), layout))
     with ocp.StandardCheckpointer() as ckptr:
         return ckptr.restore(path / _PARAMS_DIR, abstract)

@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from jspec.execution import DEFAULT, Execution
-from jspec.layers import linear
-from pallas_kernels import skinny_matmul
+from jspec.layers import check_unquantized, linear
+from jspec.quant import QuantizedWeight, matmul
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,15 +67,22 @@ def check_forward_args(tokens: jax.Array, capture: Capture, logits_rows, num_lay
         raise ValueError(f"tree_mask must be [batch={batch}, T={num_rows}, T={num_rows}], got shape {tree_mask.shape}")
 
 
-def lm_head(embed: jax.Array, head: jax.Array | None, h: jax.Array, ex: Execution = DEFAULT) -> jax.Array:
+def lm_head(embed: jax.Array | QuantizedWeight, head: jax.Array | QuantizedWeight | None, h: jax.Array,
+            ex: Execution = DEFAULT) -> jax.Array:
     """Logits in fp32 for normed hidden rows ``h [..., hidden]`` -> ``[..., vocab]``; ``head
-    [hidden, vocab]``, or None when tied to ``embed [vocab, hidden]``. On a placed model
-    (``ex.placement``) an untied head runs column-split per device."""
-    if head is None and ex.mode("skinny_matmul") == "invariant":
-        # The row-invariant kernel reads the table as stored ([vocab, hidden]), never a transposed copy.
-        matmul = functools.partial(skinny_matmul, impl=ex.kernels, w_transposed=True)
+    [hidden, vocab]``, or None when tied to ``embed [vocab, hidden]`` (arrays or quantized weights; a
+    quantized table is stored as the head reads it). On a placed model (``ex.placement``) an untied
+    head runs column-split per device."""
+    if head is None and (ex.mode("skinny_matmul") == "invariant" or isinstance(embed, QuantizedWeight)):
+        # The table as stored ([vocab, hidden]), never a transposed copy: the row-invariant kernel, the
+        # quantized matmul.
+        product = functools.partial(matmul, impl=ex.kernels, w_transposed=True)
         placement = ex.placement
-        logits = matmul(h, embed) if placement is None else placement.column(matmul, h, embed, w_transposed=True)
+        if placement is None:
+            logits = product(h, embed)
+        else:
+            check_unquantized(embed, "a placed model's LM head and embedding")
+            logits = placement.column(product, h, embed, w_transposed=True)
         return logits.astype(jnp.float32)
     if head is None:
         # Tied: contract against the embedding table as stored, no transposed copy.

@@ -36,6 +36,7 @@ from jspec.models import gemma4
 from jspec.models.base import lm_head, random_matrix
 from jspec.models.gemma4 import FULL, SLIDING, Gemma4Config
 from jspec.models.gemma4.model import decoder_layer, embed_tokens
+from jspec.quant import MATMUL_WEIGHT
 from jspec.rope import rope_cos_sin
 from jspec.step import Step
 from pallas_kernels.norm.gather_rows import FP32_SCALE
@@ -88,10 +89,10 @@ class AssistantConfig:
 class Assistant:
     """Gemma 4 assistant parameters; linear weights ``[in, out]``."""
 
-    pre_projection: jax.Array  # [2 * H_b, H_a]   (token embedding | hidden)
+    pre_projection: jax.Array = dataclasses.field(metadata=MATMUL_WEIGHT)  # [2 * H_b, H_a]   (token embedding | hidden)
     model: gemma4.Model  # Q-only layers, final norm; embed [V, H_a] = the tied LM head
-    post_projection: jax.Array  # [H_a, H_b]
-    centroids: jax.Array | None  # [H_a, num_centroids]      masked_embedding.centroids
+    post_projection: jax.Array = dataclasses.field(metadata=MATMUL_WEIGHT)  # [H_a, H_b]
+    centroids: jax.Array | None = dataclasses.field(metadata=MATMUL_WEIGHT)  # [H_a, num_centroids]   masked_embedding.centroids
     token_ordering: jax.Array | None  # [num_centroids, V // num_centroids] int32 token ids per cluster
     config: AssistantConfig = dataclasses.field(metadata=dict(static=True))
 

@@ -53,6 +53,7 @@ from jspec.parallel import ROW, split
 from jspec.kv import KVCache
 from jspec.models import gemma4
 from jspec.models.base import Capture
+from jspec.quant import TABLE_WEIGHT
 from jspec.sampling import SamplingParams, probabilities, sample
 from jspec.tree import TreeShape, expand
 
@@ -68,7 +69,7 @@ class FrozenKVMTP:
     the target's input embedding and picks the target layers whose K/V the assistant reads."""
 
     assistant: Assistant
-    embed: jax.Array | None = split(ROW, default=None)  # the target's input embedding table [V, H_b], set by bind
+    embed: jax.Array | None = split(ROW, metadata=TABLE_WEIGHT, default=None)  # the target's input embedding table [V, H_b], set by bind
     # (layer type, target cache layer) per assistant layer type: the last non-shared target layer of that type
     kv_layers: tuple[tuple[str, int], ...] | None = dataclasses.field(default=None, metadata=dict(static=True))
     rope_position: str = dataclasses.field(default="bonus", metadata=dict(static=True))

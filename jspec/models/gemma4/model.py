@@ -35,6 +35,7 @@ from jspec.layers import rms_norm_fp32_scale as rms_norm
 from jspec.models.base import (NO_CAPTURE, Capture, as_is, check_forward_args, lm_head, random_matrix,
                                random_norm_weight)
 from jspec.models.gemma4.config import SLIDING, Gemma4Config
+from jspec.quant import MATMUL_WEIGHT, TABLE_WEIGHT
 from jspec.step import Step, row_positions
 from pallas_kernels import decode_attention, gather_rows
 from pallas_kernels.norm.gather_rows import FP32_SCALE
@@ -47,18 +48,18 @@ class Layer:
     Linear weights are ``[in, out]`` (transposed once at load)."""
 
     attn_norm: jax.Array  # [hidden]   input_layernorm
-    qkv: jax.Array = split(COLUMN)  # [hidden, heads*hd (+ kv*hd k) (+ kv*hd v)]: no k, v on KV-shared layers, no v with k_eq_v
+    qkv: jax.Array = split(COLUMN, metadata=MATMUL_WEIGHT)  # [hidden, heads*hd (+ kv*hd k) (+ kv*hd v)]: no k, v on KV-shared layers, no v with k_eq_v
     q_norm: jax.Array  # [hd]
-    o: jax.Array = split(ROW)  # [heads * hd, hidden]
+    o: jax.Array = split(ROW, metadata=MATMUL_WEIGHT)  # [heads * hd, hidden]
     post_attn_norm: jax.Array  # [hidden]
     mlp_norm: jax.Array  # [hidden]   pre_feedforward_layernorm
-    gate_up: jax.Array = split(COLUMN)  # [hidden, 2 * intermediate]  (gate | up)
-    down: jax.Array = split(ROW)  # [intermediate, hidden]
+    gate_up: jax.Array = split(COLUMN, metadata=MATMUL_WEIGHT)  # [hidden, 2 * intermediate]  (gate | up)
+    down: jax.Array = split(ROW, metadata=MATMUL_WEIGHT)  # [intermediate, hidden]
     post_mlp_norm: jax.Array  # [hidden]   post_feedforward_layernorm
     layer_scalar: jax.Array  # [1]
     k_norm: jax.Array | None = None  # [hd]; None on KV-shared layers
-    ple_gate: jax.Array | None = None  # [hidden, P]   per_layer_input_gate
-    ple_proj: jax.Array | None = None  # [P, hidden]   per_layer_projection
+    ple_gate: jax.Array | None = dataclasses.field(default=None, metadata=MATMUL_WEIGHT)  # [hidden, P]   per_layer_input_gate
+    ple_proj: jax.Array | None = dataclasses.field(default=None, metadata=MATMUL_WEIGHT)  # [P, hidden]   per_layer_projection
     ple_norm: jax.Array | None = None  # [hidden]      post_per_layer_input_norm
 
 
@@ -67,8 +68,8 @@ class Layer:
 class PerLayerEmbedding:
     """PLE inputs shared by all layers; the ``L * P`` axes pack layer-major ``[L, P]``."""
 
-    embed: jax.Array = split(ROW)  # [vocab_per_layer, L * P]   embed_tokens_per_layer
-    projection: jax.Array  # [hidden, L * P]          per_layer_model_projection
+    embed: jax.Array = split(ROW, metadata=TABLE_WEIGHT)  # [vocab_per_layer, L * P]   embed_tokens_per_layer
+    projection: jax.Array = dataclasses.field(metadata=MATMUL_WEIGHT)  # [hidden, L * P]   per_layer_model_projection
     norm: jax.Array  # [P]                           per_layer_projection_norm
 
 
@@ -77,10 +78,10 @@ class PerLayerEmbedding:
 class Model:
     """Gemma 4 parameters; ``config`` is static (hashable) pytree aux data."""
 
-    embed: jax.Array = split(ROW)  # [vocab, hidden]
+    embed: jax.Array = split(ROW, metadata=TABLE_WEIGHT)  # [vocab, hidden]
     layers: tuple[Layer, ...]
     final_norm: jax.Array  # [hidden]
-    lm_head: jax.Array | None = split(COLUMN)  # [hidden, vocab]; None when tied to ``embed``
+    lm_head: jax.Array | None = split(COLUMN, metadata=MATMUL_WEIGHT)  # [hidden, vocab]; None when tied to ``embed``
     ple: PerLayerEmbedding | None
     config: Gemma4Config = dataclasses.field(metadata=dict(static=True))
     execution: Execution = dataclasses.field(default=DEFAULT, metadata=dict(static=True))  # kernels, placement

@@ -20,6 +20,7 @@ from jspec.layers import HeadNorms, Residual, add_norm, gated_mlp, linear, linea
 from jspec.models.base import (NO_CAPTURE, Capture, as_is, check_forward_args, lm_head, random_matrix,
                                random_norm_weight)
 from jspec.models.llama.config import LlamaConfig
+from jspec.quant import MATMUL_WEIGHT, TABLE_WEIGHT
 from jspec.step import Step, row_positions
 from pallas_kernels import decode_attention, gather_rows
 
@@ -30,11 +31,11 @@ class Layer:
     """One decoder layer. Linear weights are ``[in, out]`` (transposed once at load)."""
 
     attn_norm: jax.Array  # [hidden]
-    qkv: jax.Array = split(COLUMN)  # [hidden, q_size + 2 * kv_size]   (q | k | v)
-    o: jax.Array = split(ROW)  # [q_size, hidden]
+    qkv: jax.Array = split(COLUMN, metadata=MATMUL_WEIGHT)  # [hidden, q_size + 2 * kv_size]   (q | k | v)
+    o: jax.Array = split(ROW, metadata=MATMUL_WEIGHT)  # [q_size, hidden]
     mlp_norm: jax.Array  # [hidden]
-    gate_up: jax.Array = split(COLUMN)  # [hidden, 2 * intermediate]  (gate | up)
-    down: jax.Array = split(ROW)  # [intermediate, hidden]
+    gate_up: jax.Array = split(COLUMN, metadata=MATMUL_WEIGHT)  # [hidden, 2 * intermediate]  (gate | up)
+    down: jax.Array = split(ROW, metadata=MATMUL_WEIGHT)  # [intermediate, hidden]
     qkv_bias: jax.Array | None = split(COLUMN, default=None)  # [q_size + 2 * kv_size]   Qwen2
     q_norm: jax.Array | None = None  # [head_dim]   Qwen3
     k_norm: jax.Array | None = None  # [head_dim]   Qwen3
@@ -45,10 +46,10 @@ class Layer:
 class Model:
     """Parameters of a decoder LM; ``config`` is static (hashable) pytree aux data."""
 
-    embed: jax.Array = split(ROW)  # [vocab, hidden]
+    embed: jax.Array = split(ROW, metadata=TABLE_WEIGHT)  # [vocab, hidden]
     layers: tuple[Layer, ...]
     final_norm: jax.Array  # [hidden]
-    lm_head: jax.Array | None = split(COLUMN)  # [hidden, vocab]; None when tied to ``embed``
+    lm_head: jax.Array | None = split(COLUMN, metadata=MATMUL_WEIGHT)  # [hidden, vocab]; None when tied to ``embed``
     config: LlamaConfig = dataclasses.field(metadata=dict(static=True))
     execution: Execution = dataclasses.field(default=DEFAULT, metadata=dict(static=True))  # kernels, placement
 

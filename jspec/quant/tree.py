@@ -1,0 +1,111 @@
+"""``jspec.quantize``: every declared weight of a model or drafter quantized, and what a checkpoint
+records to rebuild a quantized model's structure.
+
+The walk follows the dataclass fields of the pytree (models, layers, drafters, heads; tuples and
+dicts of them) and quantizes the value of every field declared ``MATMUL_WEIGHT`` or ``TABLE_WEIGHT``
+(``jspec.quant.weight``); static fields are configs and are left alone. A table is quantized once
+with its hidden axis as K: the same :class:`QuantizedWeight` serves the token lookup and, where a
+model ties it, the LM head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.quant.encode import check_platform, quantize_matrix
+from jspec.quant.scheme import Scheme
+from jspec.quant.weight import MATMUL, QUANTIZE, TABLE, QuantizedWeight
+
+# fn(path, value, role) -> the field's new value, for every declared field that holds a weight.
+WeightFn = Callable[[str, "jax.Array | QuantizedWeight", str], object]
+
+
+def quantize(tree, scheme: str | Scheme):
+    """``tree`` (a model of any family, a drafter, or a pytree holding them) with every matmul weight
+    and embedding table quantized by ``scheme``, round to nearest; weights already quantized stay as
+    they are. Schemes (``jspec.quant.scheme``): ``"int8"`` and ``"fp8"`` (e4m3) per output channel,
+    ``"int4"`` (group 128 along K with a min per group: small models lose much less than symmetric),
+    ``"int4-g64"``, ``"int4-g32-sym"``, ...
+
+    Raises:
+      ValueError: an unknown scheme, fp8 on a GPU without fp8 units, or a weight the scheme does not
+        fit (a group size that does not divide its K; a weight that is not a 2-D float matrix),
+        naming each; raised before anything is quantized.
+    """
+    scheme = Scheme.parse(scheme)
+    check_platform(scheme)
+    problems = []
+
+    def check(path, w, role):
+        if not isinstance(w, QuantizedWeight):
+            problems.extend(f"{path}: {p}" for p in _misfits(w, scheme, role))
+        return w
+
+    map_weights(tree, check)
+    if problems:
+        raise ValueError(f"cannot quantize to {scheme.name}: " + "; ".join(problems))
+    return map_weights(tree, lambda path, w, role: w if isinstance(w, QuantizedWeight)
+                       else quantize_matrix(w, scheme, transposed=role == TABLE))
+
+
+def _misfits(w, scheme: Scheme, role: str) -> list[str]:
+    if w.ndim != 2 or not jnp.issubdtype(w.dtype, jnp.floating):
+        return [f"a {role} weight must be a 2-D float matrix, got {w.dtype} {tuple(w.shape)}"]
+    k = w.shape[1] if role == TABLE else w.shape[0]
+    if scheme.group_size is not None and k % scheme.group_size:
+        return [f"group size {scheme.group_size} does not divide K = {k} (shape {tuple(w.shape)}); "
+                "use a group size that divides it"]
+    return []
+
+
+def map_weights(tree, fn: WeightFn, path: str = ""):
+    """``tree`` with the value of every field declared a weight (``MATMUL_WEIGHT`` / ``TABLE_WEIGHT``)
+    and not None replaced by ``fn(path, value, role)``; ``path`` as ``jax.tree_util.keystr`` writes it."""
+    if isinstance(tree, (QuantizedWeight, jax.Array, np.ndarray)):
+        return tree
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(map_weights(item, fn, f"{path}[{i}]") for i, item in enumerate(tree))
+    if isinstance(tree, dict):
+        return {key: map_weights(item, fn, f"{path}[{key!r}]") for key, item in tree.items()}
+    if not dataclasses.is_dataclass(tree) or isinstance(tree, type):
+        return tree
+    changes = {}
+    for field in dataclasses.fields(tree):
+        value = getattr(tree, field.name)
+        if field.metadata.get("static") or value is None:
+            continue
+        role = field.metadata.get(QUANTIZE)
+        at = f"{path}.{field.name}"
+        changes[field.name] = fn(at, value, role) if role in (MATMUL, TABLE) else map_weights(value, fn, at)
+    return dataclasses.replace(tree, **changes)
+
+
+def quantized_layout(tree) -> dict[str, dict]:
+    """``{path: {"scheme": name, "transposed": bool}}`` of every quantized weight in ``tree`` (JSON):
+    what :func:`quantize_like` needs to give an unquantized tree of the same structure the same
+    quantized structure (a checkpoint's abstract target)."""
+    layout = {}
+
+    def record(path, w, role):
+        if isinstance(w, QuantizedWeight):
+            layout[path] = {"scheme": w.scheme.name, "transposed": w.transposed}
+        return w
+
+    map_weights(tree, record)
+    return layout
+
+
+def quantize_like(tree, layout: dict[str, dict]):
+    """``tree`` with the weights at the paths of ``layout`` (:func:`quantized_layout`) quantized as it
+    records; under ``jax.eval_shape`` the abstract structure of the quantized tree."""
+    def requantize(path, w, role):
+        if path not in layout:
+            return w
+        return quantize_matrix(w, Scheme.parse(layout[path]["scheme"]), transposed=layout[path]["transposed"])
+
+    return map_weights(tree, requantize)

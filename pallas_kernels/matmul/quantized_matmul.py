@@ -1,0 +1,112 @@
+"""Few rows times a quantized weight matrix: the exact jnp reference and its ``impl=`` dispatcher.
+
+A quantized ``[K, N]`` weight arrives as its parts (``jspec.quant.QuantizedWeight`` holds them;
+this package imports nothing from jspec), with K on the first axis, or on the last with
+``w_transposed`` (``[N, K]``: an embedding table a tied LM head contracts as stored):
+
+* ``values``: the quantized entries; their dtype says the format.
+  ``int8`` ``[K, N]``: ``q`` in -127..127.
+  ``float8_e4m3fn`` ``[K, N]``: fp8 e4m3 (no infinities, max 448).
+  ``uint8`` ``[K / 2, N]``: two 4-bit codes per byte along K, the even ``k`` in the low nibble and
+  ``k + 1`` in the high one; a code ``c`` in 0..15 means ``q = c - 8`` without mins, ``q = c`` with.
+* ``scales``: ``[K / group, N]`` (per output channel: ``[1, N]``), in the dtype the weight
+  dequantizes to; the group size is ``K / scales.shape[k_axis]``.
+* ``mins``: None (symmetric: ``w = scale * q``) or like ``scales`` (``w = scale * q + min``).
+
+Each group's entries are widened to fp32, scaled (and offset) in fp32 and rounded once to the
+scales' dtype: :func:`dequantize` is the definition of the weight's value, and every kernel behind
+:func:`quantized_matmul` must equal :func:`quantized_matmul_reference` (dequantize, then
+``skinny_matmul_reference``'s dot) within the tolerance of a reordered fp32 sum.
+
+``impl``: ``"invariant"`` runs the dequantized weight through the skinny matmul's row-invariant
+kernel (bitwise independent of the rows beside each one); every other mode takes the reference.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.dispatch import check_impl
+from pallas_kernels.matmul.skinny_matmul import GATES, skinny_matmul, skinny_matmul_reference
+
+# The formats by the dtype of their values.
+INT8, FP8, INT4_PAIRS = jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.uint8)
+FORMATS = (INT8, FP8, INT4_PAIRS)
+INT4_OFFSET = 8  # a symmetric 4-bit code c holds q = c - 8
+
+
+def unpack_int4(pairs: jax.Array, axis: int) -> jax.Array:
+    """The 4-bit codes (0..15, uint8) of ``pairs`` (two a byte along ``axis``: the even index in the low
+    nibble): ``axis`` twice as long."""
+    axis = axis % pairs.ndim
+    codes = jnp.stack([pairs & 0xF, pairs >> 4], axis=axis + 1)
+    return codes.reshape(*pairs.shape[:axis], 2 * pairs.shape[axis], *pairs.shape[axis + 1:])
+
+
+def dequantize(values: jax.Array, scales: jax.Array, mins: jax.Array | None = None, *,
+               w_transposed: bool = False, dtype=None) -> jax.Array:
+    """The weight the parts stand for, in ``dtype`` (default ``scales.dtype``, the weight's own).
+
+    Args:
+      values: ``[K', N]`` (``K' = K``, or ``K / 2`` for 4-bit pairs); with ``w_transposed`` K is the
+        last axis: ``[N, K']`` or gathered table rows ``[..., K']``.
+      scales: ``[K / group, N]`` (``[..., K / group]`` with ``w_transposed``).
+      mins: None or shaped as ``scales``.
+      dtype: the result's dtype; the fp32 value is rounded to it once.
+    Returns:
+      ``[K, N]`` (``[..., K]`` with ``w_transposed``).
+    """
+    fmt = jnp.dtype(values.dtype)
+    if fmt not in FORMATS:
+        raise ValueError(f"quantized values must be one of {[str(f) for f in FORMATS]}, got {fmt}")
+    k_axis = -1 if w_transposed else 0
+    if fmt == INT4_PAIRS:
+        codes = unpack_int4(values, k_axis).astype(jnp.float32)
+        q = codes if mins is not None else codes - INT4_OFFSET
+    else:
+        q = values.astype(jnp.float32)
+    groups = scales.shape[k_axis]
+    if q.shape[k_axis] % groups:
+        raise ValueError(f"{q.shape[k_axis]} quantized entries along K do not split into {groups} groups")
+    group = q.shape[k_axis] // groups
+
+    def per_entry(a):  # one scale (or min) a group -> one an entry
+        return jnp.repeat(a.astype(jnp.float32), group, axis=k_axis, total_repeat_length=q.shape[k_axis])
+
+    w = q * per_entry(scales)
+    if mins is not None:
+        w = w + per_entry(mins)
+    return w.astype(scales.dtype if dtype is None else dtype)
+
+
+def quantized_matmul_reference(x, values, scales, mins=None, *, w_transposed=False, gated=None):
+    """``x [..., K] @ dequantize(values, scales, mins) [K, N] -> [..., N]`` in x's dtype, by
+    ``skinny_matmul_reference`` (``gated``: w is ``[gate | up]``, the result ``act(x @ gate) * (x @ up)``)."""
+    w = dequantize(values, scales, mins, w_transposed=w_transposed)
+    return skinny_matmul_reference(x, w, w_transposed=w_transposed, gated=gated)
+
+
+def quantized_matmul(x, values, scales, mins=None, *, impl="auto", w_transposed=False, gated=None):
+    """Dispatcher: ``x [..., K] @ w -> [..., N]`` for the quantized weight ``w`` (module docstring);
+    ``gated`` as for ``skinny_matmul``. ``impl="invariant"``: the skinny matmul's row-invariant kernel
+    on the dequantized weight (no gate fused, as there); any other mode: the reference."""
+    return _dispatch(x, values, scales, mins, impl, w_transposed, gated, parts=False)
+
+
+def quantized_matmul_parts(x, values, scales, mins=None, *, impl="auto", w_transposed=False):
+    """Dispatcher for the product as partial sums ``[splits, ..., N]`` (``skinny_matmul_parts``'
+    contract: their sum over the first axis, rounded to x's dtype, is the product); ``[1, ..., N]``,
+    the product itself, until a kernel splits K."""
+    return _dispatch(x, values, scales, mins, impl, w_transposed, None, parts=True)
+
+
+def _dispatch(x, values, scales, mins, impl, w_transposed, gated, *, parts):
+    if gated is not None and gated not in GATES:
+        raise ValueError(f"gated must be one of {sorted(GATES)}, got {gated!r}")
+    if check_impl(impl, "quantized_matmul") == "invariant":
+        w = dequantize(values, scales, mins, w_transposed=w_transposed)
+        out = skinny_matmul(x, w, impl="invariant", w_transposed=w_transposed, gated=gated)
+    else:
+        out = quantized_matmul_reference(x, values, scales, mins, w_transposed=w_transposed, gated=gated)
+    return out[None] if parts else out
