@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec.bench.timing import Timing, cuda_event_times, time_fn
-from jspec.drafters import DraftModel, Eagle3, NGram
+from jspec.drafters import DFlash, DraftModel, Eagle3, NGram
 from jspec.models import AnyModel as Model
 from jspec.models import gemma4
 from jspec.models.llama import LlamaConfig
@@ -93,7 +93,10 @@ def draft_bytes_per_round(drafter, num_draft_tokens: int) -> int | None:
     * n-gram: none;
     * draft model: one forward per draft (the first over two rows), each reading its weights;
     * EAGLE-3 head: per draft one LM head (over the draft vocabulary) and one decoder layer (k - 1
-      layers in the propose scan, one in the commit's catch-up), and ``fc`` once, in the commit.
+      layers in the propose scan, one in the commit's catch-up), and ``fc`` once, in the commit;
+    * DFlash: every draft weight once (the block's one forward) and the target's LM head once (the
+      block's rows), whatever k -- the published bound. jspec's commit also reads ``fc`` and each
+      layer's ``q|k|v`` again for the accepted rows' context K/V (:func:`dflash_commit_extra_bytes`).
     """
     if isinstance(drafter, NGram):
         return 0
@@ -103,7 +106,16 @@ def draft_bytes_per_round(drafter, num_draft_tokens: int) -> int | None:
         head = drafter.head
         per_draft = _nbytes((head.layer, head.norm, head.hidden_norm, head.lm_head))
         return num_draft_tokens * per_draft + _nbytes((head.fc, head.fc_bias, head.fc_norm))
+    if isinstance(drafter, DFlash):
+        return _nbytes(drafter.head) + _nbytes(drafter.target.lm_head if drafter.target.lm_head is not None
+                                               else drafter.target.embed)
     return None
+
+
+def dflash_commit_extra_bytes(drafter) -> int:
+    """What jspec's DFlash commit reads beyond the published bound: ``fc`` and every layer's
+    ``q|k|v`` a second time (the context K/V of the accepted rows, written apart from the block)."""
+    return _nbytes((drafter.head.fc, *(layer.qkv for layer in drafter.head.layers)))
 
 
 def propose_bytes(drafter, num_draft_tokens: int) -> int | None:
@@ -117,6 +129,8 @@ def propose_bytes(drafter, num_draft_tokens: int) -> int | None:
     """
     if isinstance(drafter, (NGram, DraftModel)):
         return draft_bytes_per_round(drafter, num_draft_tokens)
+    if isinstance(drafter, DFlash):  # the block's forward and LM head: all but the commit's fc
+        return draft_bytes_per_round(drafter, num_draft_tokens) - _nbytes(drafter.head.fc)
     if isinstance(drafter, Eagle3):
         head = drafter.head
         return (num_draft_tokens * _nbytes((head.norm, head.lm_head))

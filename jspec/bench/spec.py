@@ -52,11 +52,14 @@ from jspec.bench.presets import GREEDY, PRESETS, confident, is_tiny, load_target
 from jspec.bench.roofline import copy_bandwidth, round_roofline_ratio
 from jspec.bench.rounds import PROPOSES_IN_LOOP, measure_rounds
 from jspec.bench.timing import time_fn
-from jspec.drafters import MTP, DraftModel, Eagle3, Eagle3Config, NGram, init_eagle3_head, init_mtp_head
+from jspec.drafters import (MTP, DFlash, DFlashConfig, DraftModel, Eagle3, Eagle3Config, NGram, init_dflash_head,
+                            init_eagle3_head, init_mtp_head)
+from jspec.drafters.dflash import default_target_layer_ids
 from jspec.execution import with_kernels
 from jspec.policy import choose_for_batch, round_costs_by_batch
 
-DRAFTERS = ("draft-model", "self", "ngram", "eagle3", "mtp")
+DRAFTERS = ("draft-model", "self", "ngram", "eagle3", "mtp", "dflash")
+DFLASH_LAYERS, DFLASH_BLOCK = 5, 16  # the published Qwen3-8B-DFlash-b16 shapes
 POLICY = "policy"  # --k-end-to-end: the k jspec.policy picks from this run's round costs
 
 
@@ -103,6 +106,20 @@ def eagle3_drafter(target, dtype, key, impl="auto") -> Eagle3:
     return Eagle3(head).bind(with_kernels(target, impl))
 
 
+def dflash_drafter(target, dtype, key, impl="auto") -> DFlash:
+    """A DFlash-shaped draft for ``target``: ``DFLASH_LAYERS`` Qwen3 layers of the target's shapes,
+    block ``DFLASH_BLOCK``, the published default target layers (Qwen3-8B: 1, 9, 17, 25, 33; every
+    layer of a target too shallow for them)."""
+    depth = target.config.num_layers
+    layer = dataclasses.replace(target.config, num_layers=DFLASH_LAYERS, qk_norm=True, qkv_bias=False,
+                                architecture="Qwen3ForCausalLM")
+    ids = default_target_layer_ids(depth, DFLASH_LAYERS) if depth >= DFLASH_LAYERS + 3 else tuple(range(depth))
+    config = DFlashConfig(layer=layer, block_size=DFLASH_BLOCK, mask_token_id=target.config.vocab_size - 1,
+                          target_layer_ids=ids, num_target_layers=depth)
+    head = jax.jit(init_dflash_head, static_argnums=(0, 2))(config, key, dtype)
+    return DFlash(head).bind(with_kernels(target, impl))
+
+
 def make_drafter(kind, target, *, draft, dtype, seed, impl):
     """A drafter of ``kind`` bound to ``target`` on the kernels ``impl``."""
     target = with_kernels(target, impl)
@@ -117,6 +134,8 @@ def make_drafter(kind, target, *, draft, dtype, seed, impl):
         return eagle3_drafter(target, dtype, key, impl)
     if kind == "mtp":
         return MTP(jax.jit(init_mtp_head, static_argnums=(0, 2))(target.config, key, dtype)).bind(target)
+    if kind == "dflash":
+        return dflash_drafter(target, dtype, key, impl)
     raise SystemExit(f"unknown drafter {kind!r}")
 
 
