@@ -17,8 +17,9 @@ int4       uint8 ``[K / 2, N]``: even k in the  ``[K / g, N]`` (``mins`` too)   
 
 (``transposed``: every array with its two axes swapped.) Per output channel ``g = K``: scales
 ``[1, N]``. Scales and mins are in the dtype the weight dequantizes to (the model's), the codes
-``c`` of int4 in 0..15. Symmetric int4 codes are GGUF Q4_0's and int4 with mins is Q4_1's formula
-(``d * q + m``), int8 Q8_0's: those blocks can be repacked into this type losslessly.
+``c`` of int4 in 0..15. Symmetric int4 codes are GGUF Q4_0's, int4 with mins is Q4_1's formula
+(``d * q + m``) and int8 Q8_0's (all three g = 32): those blocks can be repacked into this type
+losslessly, their nibbles reordered and their fp16 scales kept as they are.
 
 Why not qwix's ``QArray`` (google/qwix): it holds 4-bit values as ``jnp.int4`` arrays, whose bytes
 are XLA's to lay out and which a Pallas kernel cannot load as packed bytes; its zero point
