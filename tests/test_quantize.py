@@ -16,7 +16,7 @@ import jspec
 from jspec.drafters import DraftModel, Eagle3, FrozenKVMTP, MTP, assistant_config, init_assistant, init_mtp_head
 from jspec.quant import QuantizedWeight, Scheme, dequantize, quantize_matrix
 from tests.hidden_drafters import check_greedy_lossless
-from tests.tiny import TINY_GEMMA4, eagle3_head, tiny_gemma4, tiny_model
+from tests.tiny import TINY_GEMMA4, dflash, eagle3_head, tiny_gemma4, tiny_model
 
 
 def is_quantized(x) -> bool:
@@ -113,7 +113,8 @@ def assert_every_matrix_quantized(tree, quantized):
     lambda: MTP(init_mtp_head(tiny_model(1).config, jax.random.key(3), scale=0.3)),
     lambda: DraftModel(tiny_model(4, tie_word_embeddings=True)),
     lambda: _assistant_drafter(TINY_GEMMA4, 5),
-], ids=["eagle3", "mtp", "draft_model", "gemma4_assistant"])
+    lambda: dflash(tiny_model(1), seed=6),
+], ids=["eagle3", "mtp", "draft_model", "gemma4_assistant", "dflash"])
 def test_every_matmul_weight_and_table_of_a_drafter_is_quantized(make):
     drafter = make()
     assert_every_matrix_quantized(drafter, jspec.quantize(drafter, "int4-g8-sym"))
@@ -149,7 +150,8 @@ def test_invariant_kernels_take_quantized_weights(llama_target):
 @pytest.mark.parametrize("drafter, scheme", [
     (lambda target: DraftModel(tiny_model(7, tie_word_embeddings=True)), "int4-g32"),
     (lambda target: Eagle3(eagle3_head(8, target, aux=(0, 1, 1))), "int8"),
-], ids=["draft_model-int4", "eagle3-int8"])
+    (lambda target: dflash(target, seed=9), "int4-g32-sym"),
+], ids=["draft_model-int4", "eagle3-int8", "dflash-int4-sym"])
 def test_greedy_speculation_is_lossless_on_quantized_models(llama_target, drafter, scheme):
     target = jspec.quantize(llama_target, scheme)
     check_greedy_lossless(target, jspec.quantize(drafter(llama_target), scheme), seed=0, batch=2, k=3, eos=False)

@@ -18,6 +18,7 @@ from jspec.models import gemma4, llama
 from jspec.execution import DEFAULT, Execution
 from jspec.models.base import NO_CAPTURE, Capture, as_is, lm_head
 from jspec.models.gemma4.model import embed_tokens as gemma4_embed_tokens, softcap
+from jspec.quant import MATMUL_WEIGHT, TABLE_WEIGHT
 
 # Any family's parameters (annotations only).
 AnyModel = llama.Model | gemma4.Model
@@ -55,8 +56,8 @@ class TokenIO:
     whether embedded rows are scaled by ``sqrt(hidden)`` in the table's dtype (Gemma 4);
     ``softcap``: the family's logit soft-cap (Gemma 4), None for none."""
 
-    embed: jax.Array
-    lm_head: jax.Array | None
+    embed: jax.Array = dataclasses.field(metadata=TABLE_WEIGHT)
+    lm_head: jax.Array | None = dataclasses.field(metadata=MATMUL_WEIGHT)
     embed_scale: bool = dataclasses.field(default=False, metadata=dict(static=True))
     softcap: float | None = dataclasses.field(default=None, metadata=dict(static=True))
 

@@ -26,6 +26,7 @@ from jspec.layers import HeadNorms, Residual, add_norm, linear, rms_norm, rope_a
 from jspec.models.base import random_matrix, random_norm_weight
 from jspec.models.llama import Layer, init_layer
 from jspec.models.llama.model import decoder_layer, qkv_parts
+from jspec.quant import MATMUL_WEIGHT
 from jspec.step import Step, row_positions
 
 
@@ -35,7 +36,7 @@ class DFlashHead:
     """``fc [n * H, H]`` (no bias), ``hidden_norm [H]`` on its output, the draft ``layers``, the final
     ``norm [H]``; linear weights ``[in, out]``."""
 
-    fc: jax.Array
+    fc: jax.Array = dataclasses.field(metadata=MATMUL_WEIGHT)
     hidden_norm: jax.Array
     layers: tuple[Layer, ...]
     norm: jax.Array
