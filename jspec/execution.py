@@ -44,6 +44,12 @@ class Execution:
 DEFAULT = Execution()
 
 
+def with_placement(model, placement):
+    """``model`` (anything with an ``execution`` field) computing under ``placement`` (a
+    ``jspec.parallel.TensorParallel``, or None: one device); its kernels unchanged."""
+    return dataclasses.replace(model, execution=dataclasses.replace(model.execution, placement=placement))
+
+
 def with_kernels(model, impl: str | Kernels | None):
     """``model`` (anything with an ``execution`` field: a target, a draft model) running the kernels
     ``impl`` names; itself for None. Raises ``ValueError`` for a bad ``impl`` string."""

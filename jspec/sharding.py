@@ -35,6 +35,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jspec.execution import with_placement
 from jspec.models import gemma4, init_params, llama
 from jspec.parallel import COLUMN, ROW, TensorParallel, declared_split, map_fused, map_fused_layer, plain_order
 from jspec.quant import quantized_layout
@@ -91,7 +92,7 @@ def init_sharded(config, key, dtype, mesh: Mesh, *, axis: str = TP_AXIS, **init_
     model = init_params(config, key, dtype=dtype, build=placed, **init_kw)
     layers = tuple(_device_major_layer(layer, tuple(model.fused_columns(index).items()), parallel)
                    for index, layer in enumerate(model.layers))
-    return dataclasses.replace(model, layers=layers, execution=dataclasses.replace(model.execution, placement=parallel))
+    return with_placement(dataclasses.replace(model, layers=layers), parallel)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2), donate_argnums=0)
@@ -121,7 +122,7 @@ def shard(tree, mesh: Mesh, *, axis: str = TP_AXIS):
             shardings = placements(plain, mesh, axis=axis)
             placed = jax.jit(functools.partial(device_major, parallel=parallel),
                              out_shardings=shardings)(jax.device_put(plain, shardings))
-            return dataclasses.replace(placed, execution=dataclasses.replace(placed.execution, placement=parallel))
+            return with_placement(placed, parallel)
         return jax.device_put(leaf, NamedSharding(mesh, PartitionSpec()))
 
     return jax.tree_util.tree_map(place_leaf, tree, is_leaf=lambda x: isinstance(x, _MODELS))

@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """Train a draft head for a target model with jspec, and export it in the HF layout: EAGLE-3
-(--drafter eagle3, the default) or MTP / NextN (--drafter mtp: one extra decoder layer of the
-target's type, drafting with the target's own embedding and LM head).
+(--drafter eagle3, the default), MTP / NextN (--drafter mtp: one extra decoder layer of the
+target's type, drafting with the target's own embedding and LM head) or DFlash (--drafter dflash:
+--dflash-layers Qwen3 layers drafting a block of --block-size in one forward from the target's
+features; its mask token is the highest id the corpus never holds).
 
 The target stays frozen; its features are computed on the fly by the same forward jspec decodes
 with, and the head's loss runs through the drafter's own inference functions (``jspec.training``),
@@ -18,7 +20,8 @@ Everything goes under --out: ``data.npz`` (the tokenised corpus, built once), ``
 takes the same batches as an uninterrupted one), ``head/`` (the final head: ``config.json`` +
 ``model.safetensors``: EAGLE-3's ``LlamaForCausalLMEagle3`` layout, loadable with
 ``jspec.drafters.Eagle3.load``, or the MTP layer of a DeepSeek-V3-layout checkpoint, loadable with
-``jspec.drafters.MTP.load`` and meant to join the target's weights). A progress bar shows the loss
+``jspec.drafters.MTP.load`` and meant to join the target's weights, or DFlash's published layout,
+loadable with ``jspec.drafters.DFlash.load``). A progress bar shows the loss
 and the top-1 accuracy of each draft step; every --eval-every steps the held-out acceptance length
 (greedy, the benchmark's prompts) is printed. Deterministic for a --seed.
 
@@ -50,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=DEFAULT_TARGET, help="a known model name, a GGUF file or a checkpoint "
                                                             "directory (default: %(default)s)")
     p.add_argument("--out", type=Path, required=True, help="directory for data, checkpoints and the head")
-    p.add_argument("--drafter", choices=("eagle3", "mtp"), default="eagle3",
+    p.add_argument("--drafter", choices=("eagle3", "mtp", "dflash"), default="eagle3",
                    help="the head trained (default: %(default)s); mtp uses the target's LM head, so --draft-vocab "
                         "is ignored")
     p.add_argument("--data", type=_sources, default=("chat", "stdlib"), help="training sources (default: chat,stdlib)")
@@ -65,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=positive_int, default=256, help="tokens per training window")
     p.add_argument("--batch", type=positive_int, default=8, help="windows per step")
     p.add_argument("--train-steps", type=positive_int, default=2000, help="optimizer steps in all")
+    p.add_argument("--block-size", type=positive_int, default=8, help="DFlash: the block (B - 1 drafts a round)")
+    p.add_argument("--dflash-layers", type=positive_int, default=2, help="DFlash: draft layers")
     p.add_argument("--ttt", type=positive_int, default=4, help="draft steps unrolled (training-time test)")
     p.add_argument("--anchors", type=positive_int, default=16, help="anchor rows per window for steps >= 1")
     p.add_argument("--hard-labels", action="store_true", help="train on the target's greedy token only (default: "
@@ -135,23 +140,37 @@ def _answer_text(tokenizer, prompt: str, sequence: list[int]) -> str:
     return tokenizer.decode(answer[:ends[0]] if ends else answer, skip_special_tokens=True)
 
 
-def new_drafter(kind, target, d2t, key, dtype):
-    """A random --drafter ``kind`` head bound to ``target``, and the ``save_head`` that exports it.
+def new_drafter(args, target, d2t, sequences, key, dtype):
+    """A random --drafter head bound to ``target``, and the ``save_head`` that exports it.
 
     ``eagle3``: shaped like one of the target's layers, reading its [2, L//2, L-3] layers, drafting
     over the vocabulary ``d2t``. ``mtp``: one layer of the target's type on its last hidden state,
-    drafting with the target's embedding and LM head (``d2t`` unused).
+    drafting with the target's embedding and LM head (``d2t`` unused). ``dflash``: --dflash-layers
+    Qwen3 layers of the target's shapes reading the published default layers; its mask token the
+    highest id the corpus ``sequences`` never holds (one the target is not trained to write).
     """
     import dataclasses
 
-    from jspec.drafters import MTP, Eagle3, Eagle3Config, eagle3, init_eagle3_head, init_mtp_head, mtp
+    import numpy as np
 
+    from jspec.drafters import (MTP, DFlash, DFlashConfig, Eagle3, Eagle3Config, dflash, eagle3, init_dflash_head,
+                                init_eagle3_head, init_mtp_head, mtp)
     from jspec.execution import with_kernels
 
-    c = target.config
+    c, kind = target.config, args.drafter
     target = with_kernels(target, "xla")  # the kernels have no gradients
     if kind == "mtp":
         return MTP(init_mtp_head(c, key, dtype)).bind(target), mtp.save_head
+    if kind == "dflash":
+        unused = np.setdiff1d(np.arange(c.vocab_size), np.concatenate([np.asarray(s) for s in sequences]))
+        if not unused.size:
+            raise SystemExit("train_draft.py: error: the corpus holds every token id: no id is free for the mask")
+        layer = dataclasses.replace(c, num_layers=args.dflash_layers, architecture="Qwen3ForCausalLM", qk_norm=True,
+                                    qkv_bias=False, tie_word_embeddings=False)
+        ids = dflash.default_target_layer_ids(c.num_layers, args.dflash_layers)
+        config = DFlashConfig(layer=layer, block_size=args.block_size, mask_token_id=int(unused[-1]),
+                              target_layer_ids=ids, num_target_layers=c.num_layers)
+        return DFlash(init_dflash_head(config, key, dtype)).bind(target), dflash.save_head
     layer = dataclasses.replace(c, num_layers=1, tie_word_embeddings=False)
     config = Eagle3Config(layer=layer, draft_vocab_size=d2t.shape[0], target_hidden_size=c.hidden_size)
     head = dataclasses.replace(init_eagle3_head(config, key, dtype), d2t=d2t if d2t.shape[0] < c.vocab_size else None)
@@ -170,7 +189,11 @@ def held_out_acceptance(target, drafter, tokenizer, args) -> float:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.drafter == "dflash" and args.eval_k > args.block_size - 1:
+        parser.error(f"--eval-k {args.eval_k}: a DFlash block of --block-size {args.block_size} drafts at most "
+                     f"{args.block_size - 1} tokens a round")
     import jax
     import jax.numpy as jnp
     from tqdm.auto import tqdm
@@ -188,10 +211,11 @@ def main(argv=None) -> int:
     tokens, lengths = training.windows(sequences, args.width)
     if len(tokens) < args.batch:
         raise SystemExit(f"{Path(__file__).name}: error: the corpus gives {len(tokens)} windows, fewer than --batch")
-    vocab = target.config.vocab_size  # an MTP head drafts over all of it (the target's LM head)
-    d2t = training.draft_vocabulary(sequences, vocab if args.drafter == "mtp" else min(args.draft_vocab, vocab), vocab)
+    vocab = target.config.vocab_size  # MTP and DFlash draft over all of it (the target's LM head)
+    whole = args.drafter in ("mtp", "dflash")
+    d2t = training.draft_vocabulary(sequences, vocab if whole else min(args.draft_vocab, vocab), vocab)
     key = jax.random.key(args.seed)
-    drafter, save_head = new_drafter(args.drafter, target, d2t, jax.random.fold_in(key, 1), dtype)
+    drafter, save_head = new_drafter(args, target, d2t, sequences, jax.random.fold_in(key, 1), dtype)
     cfg = training.TrainConfig(learning_rate=args.lr, total_steps=args.train_steps, steps=args.ttt,
                                anchors=args.anchors, warmup_steps=min(100, args.train_steps // 10),
                                soft_labels=not args.hard_labels)
@@ -205,6 +229,8 @@ def main(argv=None) -> int:
                     ttt_steps=args.ttt, batch=args.batch, soft_labels=not args.hard_labels, learning_rate=args.lr,
                     seed=args.seed,
                     device=str(jax.devices()[0].device_kind), target=args.target, drafter=args.drafter)
+    if args.drafter == "dflash":
+        metadata |= dict(block_size=args.block_size, mask_token="the highest id the corpus never holds")
     bar = tqdm(total=args.train_steps, initial=start, desc="training")
 
     def after_step(state, metrics):

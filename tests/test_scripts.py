@@ -66,7 +66,8 @@ def test_main_job_drafts_with_the_shipped_eagle3_head(smollm2_gguf):
     assert "identical to plain decoding: yes" in spec
 
 
-@pytest.mark.parametrize("drafter, vocab", [("eagle3", 1024), ("mtp", 49152)])  # MTP: the target's whole vocabulary
+# MTP and DFlash: the target's whole vocabulary
+@pytest.mark.parametrize("drafter, vocab", [("eagle3", 1024), ("mtp", 49152), ("dflash", 49152)])
 def test_train_draft_trains_exports_and_resumes_on_smollm2(smollm2_gguf, tmp_path, drafter, vocab):
     """A tiny training run on stdlib source: progress, held-out acceptance, a loadable HF head;
     run again with --resume and more steps, it continues from its checkpoint (one head: resuming
@@ -79,9 +80,9 @@ def test_train_draft_trains_exports_and_resumes_on_smollm2(smollm2_gguf, tmp_pat
     import jax
     import jax.numpy as jnp
 
-    from jspec.drafters import MTP, Eagle3
+    from jspec.drafters import MTP, DFlash, Eagle3
 
-    head = {"eagle3": Eagle3, "mtp": MTP}[drafter].load(tmp_path / "head").head
+    head = {"eagle3": Eagle3, "mtp": MTP, "dflash": DFlash}[drafter].load(tmp_path / "head").head
     assert {x.dtype.name for x in jax.tree.leaves(head) if jnp.issubdtype(x.dtype, jnp.floating)} == {"bfloat16"}
     config = json.loads((tmp_path / "head" / "config.json").read_text())
     assert config.get("draft_vocab_size", config["vocab_size"]) == config["jspec"]["draft_vocab"] == vocab

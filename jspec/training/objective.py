@@ -57,7 +57,7 @@ def draft_labels(drafter, labels):
     return jnp.where(hot[index] == labels, index, -1).astype(jnp.int32)
 
 
-def _cross_entropy(logits, labels, valid, probs=None):
+def cross_entropy(logits, labels, valid, probs=None):
     """Summed loss and correct-argmax count over ``valid`` rows. ``logits [..., V_d]`` fp32,
     ``labels`` / ``valid`` ``[...]``; labels -1 count as wrong. The loss is the cross-entropy
     against ``labels`` (where -1, none), or the KL divergence from ``probs [..., V_d]`` (the
@@ -123,7 +123,7 @@ def step_losses(drafter, tokens, features, labels, lengths, anchors, *, steps: i
     shifted = jnp.concatenate([labels[:, 1:], jnp.full((batch, 1), -1, labels.dtype)], axis=1)
     shifted_probs = None if probs is None else jnp.concatenate([probs[:, 1:], jnp.zeros_like(probs[:, :1])], axis=1)
     valid = jnp.arange(width)[None, :] + 2 < lengths[:, None]
-    totals = [_cross_entropy(first, draft_labels(drafter, shifted), valid, shifted_probs)]
+    totals = [cross_entropy(first, draft_labels(drafter, shifted), valid, shifted_probs)]
     seq = jnp.repeat(jnp.arange(batch), anchors.shape[1])
     anchor = anchors.reshape(-1).astype(jnp.int32)
     for j in range(1, steps):
@@ -131,7 +131,7 @@ def step_losses(drafter, tokens, features, labels, lengths, anchors, *, steps: i
         row = jnp.minimum(position, width - 1)
         label = labels[seq, row]
         target_probs = None if probs is None else probs[seq, row]
-        totals.append(_cross_entropy(later[j - 1], draft_labels(drafter, label), position + 1 < lengths[seq],
+        totals.append(cross_entropy(later[j - 1], draft_labels(drafter, label), position + 1 < lengths[seq],
                                      target_probs))
     return tuple(jnp.stack(t) for t in zip(*totals))
 

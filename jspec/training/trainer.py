@@ -21,6 +21,8 @@ import optax
 
 from jspec.execution import with_kernels
 from jspec.models import forward
+from jspec.drafters import DFlash
+from jspec.training.dflash_objective import dflash_loss_fn
 from jspec.training.objective import draft_vocabulary_ids, loss_fn, trainable_params
 
 
@@ -45,6 +47,7 @@ class TrainConfig:
     steps: int = 4  # draft steps unrolled (training-time test); 1 = step 0 only
     anchors: int = 16  # anchor rows per window for the later steps
     step_weight: float = 0.8
+    gamma: float = 7.0  # DFlash: block slot j's loss weighted exp(-(j - 1) / gamma) (SpecForge's 7)
     soft_labels: bool = True  # distil the target's distribution (False: its greedy token only)
 
 
@@ -92,9 +95,13 @@ def train_step(state: TrainState, drafter, target, tokens, lengths, *, cfg: Trai
     on the fly, the objective's loss, clipped AdamW. Returns ``(state, metrics)``."""
     key, anchor_key = jax.random.split(state.key)
     batch = target_batch(target, drafter, tokens, lengths, soft_labels=cfg.soft_labels)
-    batch["anchors"] = sample_anchors(anchor_key, lengths, cfg.anchors, cfg.steps)
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state.params, drafter, batch, steps=cfg.steps, step_weight=cfg.step_weight)
+    if isinstance(drafter, DFlash):  # a block of B - 1 predictions from each anchor
+        batch["anchors"] = sample_anchors(anchor_key, lengths, cfg.anchors, drafter.config.block_size - 2)
+        objective = functools.partial(dflash_loss_fn, gamma=cfg.gamma)
+    else:
+        batch["anchors"] = sample_anchors(anchor_key, lengths, cfg.anchors, cfg.steps)
+        objective = functools.partial(loss_fn, steps=cfg.steps, step_weight=cfg.step_weight)
+    (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(state.params, drafter, batch)
     updates, opt_state = optimizer(cfg).update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics, total=loss, grad_norm=optax.tree.norm(grads))

@@ -76,7 +76,7 @@ class DFlash:
     def _last_layer(self) -> int:
         return (self.target_depth or self.config.num_target_layers) - 1
 
-    def _context(self, features: tuple[jax.Array, ...]) -> jax.Array:
+    def context(self, features: tuple[jax.Array, ...]) -> jax.Array:
         """The context vectors ``[batch, T, H]`` of ``capture``'s features (put back in
         ``target_layer_ids``' order)."""
         ids, last = self.config.target_layer_ids, self._last_layer()
@@ -106,7 +106,8 @@ class DFlash:
         return dataclasses.replace(self, target=token_io(target), target_depth=target.config.num_layers,
                                    execution=Execution(target.execution.kernels))
 
-    def _token_io(self) -> TokenIO:
+    def token_io(self) -> TokenIO:
+        """The target's embedding and LM head (``bind`` attaches them)."""
         if self.target is None:
             raise ValueError("DFlash: call drafter.bind(target) first (it drafts with the target's embedding and "
                              "LM head)")
@@ -115,7 +116,7 @@ class DFlash:
     def prefill(self, ctx: PrefillContext, *, max_len: int) -> KVCache:
         # A block writes B rows past the committed ones (a verify only k + 1): room for them.
         kv = init_context_kv(self.head, ctx.tokens.shape[0], max_len + self.config.block_size)
-        kv = write_context(self.head, kv, self._context(ctx.features), self.execution)
+        kv = write_context(self.head, kv, self.context(ctx.features), self.execution)
         return kv.truncate(ctx.prompt_lengths)
 
     def propose(self, dstate: KVCache, ctx: RoundContext, *, num_draft_tokens: int, params: SamplingParams, key):
@@ -133,7 +134,7 @@ class DFlash:
         return self._block(dstate, root)[0]
 
     def _block(self, dstate: KVCache, root: jax.Array) -> tuple[jax.Array, KVCache]:
-        io, config = self._token_io(), self.config
+        io, config = self.token_io(), self.config
         block = jnp.concatenate([root[:, None].astype(jnp.int32),
                                  jnp.full((root.shape[0], config.block_size - 1), config.mask_token_id, jnp.int32)],
                                 axis=1)
@@ -142,5 +143,5 @@ class DFlash:
 
     def commit(self, dstate: KVCache, ctx: CommitContext) -> KVCache:
         kv = dstate.truncate(ctx.base_lengths)
-        kv = write_context(self.head, kv, self._context(ctx.features), self.execution)
+        kv = write_context(self.head, kv, self.context(ctx.features), self.execution)
         return kv.truncate(ctx.base_lengths + ctx.num_accepted + 1)
