@@ -23,7 +23,16 @@ def _leading_true(flags: jax.Array) -> jax.Array:
 
 
 def greedy(target_logits: jax.Array, draft_tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``target_logits [batch, k+1, vocab]`` (row i predicts the token after draft i), ``draft_tokens [batch, k]``."""
+    """Greedy acceptance: the longest prefix of drafts the target's argmax agrees with.
+
+    Args:
+      target_logits: ``[batch, k+1, vocab]``, row ``i`` the target's logits after draft ``i`` (row 0:
+        after the root).
+      draft_tokens: ``[batch, k]`` int32.
+    Returns:
+      ``(num_accepted [batch] in 0..k, next_token [batch])``: the target's token after the last
+      accepted draft (the correction, or the bonus when all k are accepted).
+    """
     target_tokens = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [batch, k+1]
     num_accepted = _leading_true(draft_tokens == target_tokens[:, :-1])
     next_token = jnp.take_along_axis(target_tokens, num_accepted[:, None], axis=1)[:, 0]
@@ -44,6 +53,9 @@ def rejection_sample(
       draft_tokens: ``[batch, k]``.
       draft_probs: ``q`` ``[batch, k, vocab]``, the exact distribution each draft was drawn
         from; ``None`` for deterministic drafters (``q`` one-hot at the draft token).
+    Returns:
+      ``(num_accepted [batch] in 0..k, next_token [batch])``: a correction drawn from
+      ``norm(max(p - q, 0))`` at the first rejection, or a bonus drawn from ``p`` after all k.
     """
     batch, k = draft_tokens.shape
     accept_key, residual_key = jax.random.split(key)
