@@ -125,6 +125,7 @@ SAMPLING_CASES = [
     ("eagle3", dict(temperature=1.0)),  # reduced draft vocab: q is zero outside it
     ("mtp", dict(temperature=0.9, top_k=6)),
     ("dflash", dict(temperature=0.8, top_p=0.9)),  # one block: both drafts from one forward
+    ("pard", dict(temperature=1.0)),  # a mask token's row drafts the second
 ]
 
 
@@ -137,6 +138,8 @@ def _sampling_drafter(kind, target):
         return MTP(init_mtp_head(target.config, jax.random.key(15), scale=0.3))
     if kind == "dflash":
         return dflash(target, block_size=3, seed=16)
+    if kind == "pard":
+        return DraftModel(tiny_model(17, vocab_size=SAMPLING_VOCAB, num_layers=1), parallel_token=SAMPLING_VOCAB - 1)
     return NGram(max_ngram=2)
 
 
