@@ -39,6 +39,8 @@ class Step:
                                      owns its cache writes the step's K/V at ``kv_lengths - T``
       tree_mask   [batch, T, T] bool or None: tree attention among the rows (None: causal)
       keep_rows   [batch] int32 or None: the one row per sequence kept right after the K/V write
+      window      static int or None: a sliding window (a row sees rows less than ``window``
+                  positions back), for families whose layers take it from the step
       execution   static: the kernels and placement (``jspec.execution``)
     """
 
@@ -48,15 +50,16 @@ class Step:
     kv_lengths: jax.Array
     tree_mask: jax.Array | None = None
     keep_rows: jax.Array | None = None
+    window: int | None = dataclasses.field(default=None, metadata=dict(static=True))
     execution: Execution = dataclasses.field(default=DEFAULT, metadata=dict(static=True))
 
     @classmethod
     def make(cls, positions, kv_lengths, inv_freq, dtype, execution: Execution = DEFAULT, *, tree_mask=None,
-             keep_rows=None) -> Step:
+             keep_rows=None, window=None) -> Step:
         """The step of rows at ``positions [batch, T]`` with RoPE frequencies ``inv_freq [d / 2]``,
         tables in ``dtype``."""
         cos, sin = rope_cos_sin(positions, jnp.asarray(inv_freq), dtype)
-        return cls(positions, cos, sin, kv_lengths, tree_mask, keep_rows, execution)
+        return cls(positions, cos, sin, kv_lengths, tree_mask, keep_rows, window, execution)
 
     def rows(self, rows: jax.Array) -> Step:
         """The step of rows ``rows [batch, n]`` (indices into T) alone: positions and RoPE tables."""

@@ -39,7 +39,7 @@ def _block_logits(drafter, draft_state, root):
     return drafter.block_logits(draft_state, root)
 
 
-@pytest.mark.parametrize("case", ["dflash", "dflash-v5"])
+@pytest.mark.parametrize("case", ["dflash", "dflash-v5", "dflash-sliding"])
 def test_rounds_equal_the_authors_loop(hf_dflash, case):
     """Round for round: the draft's block logits, the drafts accepted and the tokens emitted equal the
     reference's, every round reading the context the earlier rounds committed."""
@@ -67,11 +67,14 @@ def test_rounds_equal_the_authors_loop(hf_dflash, case):
 def test_loads_either_rope_form_and_prefix_and_saves_back_bit_exactly(hf_dflash, tmp_path):
     head = load_head(hf_dflash / "dflash-v5")
     assert head.config.layer.rope_theta == 5000.0 and head.config.target_layer_ids == (1,)  # the default ids
-    save_head(head, tmp_path / "out")
-    again = load_head(tmp_path / "out")
-    assert again.config == head.config
-    for a, b in zip(jax.tree.leaves(head), jax.tree.leaves(again)):
-        np.testing.assert_array_equal(a, b)
+    sliding = load_head(hf_dflash / "dflash-sliding")
+    assert sliding.config.window(0) == 6 and sliding.config.window(1) is None
+    for i, head in enumerate((head, sliding)):
+        save_head(head, tmp_path / f"out{i}")
+        again = load_head(tmp_path / f"out{i}")
+        assert again.config == head.config
+        for a, b in zip(jax.tree.leaves(head), jax.tree.leaves(again)):
+            np.testing.assert_array_equal(a, b)
 
 
 # --- lossless on every family --------------------------------------------------------------
@@ -155,7 +158,8 @@ def _config_json(hf_dflash, tmp_path, edit):
 @pytest.mark.parametrize("edit, message", [
     (lambda c: c.update(block_size=1), "block_size must be >= 2"),
     (lambda c: c["dflash_config"].pop("mask_token_id"), "mask_token_id"),
-    (lambda c: c.update(layer_types=["sliding_attention"] * 2), "sliding-window"),
+    (lambda c: c.update(layer_types=["sliding_attention"] * 2), "sliding_window >= 1"),
+    (lambda c: c.update(layer_types=["chunked_attention"] * 2, sliding_window=4), "layer_types"),
     (lambda c: c.update(architectures=["Qwen3ForCausalLM"]), "not a DFlash config"),
 ])
 def test_bad_checkpoints_raise(hf_dflash, tmp_path, edit, message):

@@ -21,6 +21,9 @@ DFLASH_CASES = {
     # one draft layer, default ids (mid-depth), transformers 5's rope_parameters, "model." prefix.
     "dflash-v5": dict(layers=1, block_size=4, ids=None, prefix="model.",
                       rope=dict(rope_parameters=dict(rope_type="default", rope_theta=5000.0))),
+    # a sliding-window layer (window 6, shorter than the prompts) before a full one.
+    "dflash-sliding": dict(layers=2, block_size=5, ids=[1, 2], prefix="", rope=dict(rope_theta=1000.0),
+                           window=6),
 }
 MASK_TOKEN_ID = TINY["vocab_size"] - 1
 
@@ -50,11 +53,22 @@ class DraftReference:
         self.W, self.cfg, self.theta = W, cfg, theta
         self.cache = [(torch.zeros(0, cfg["num_key_value_heads"], cfg["head_dim"]),) * 2
                       for _ in range(cfg["num_hidden_layers"])]
+        self.cached_positions = torch.zeros(0, dtype=torch.long)
+
+    def _visible(self, layer, key_positions, query_positions):
+        """Full layers: every key. Sliding ones (vLLM's rule): keys at or before the query and less than
+        the window back, so the block sees itself causally."""
+        if self.cfg["layer_types"][layer] != "sliding_attention":
+            return torch.ones(len(query_positions), len(key_positions), dtype=torch.bool)
+        gap = query_positions[:, None] - key_positions[None, :]
+        return (gap >= 0) & (gap < self.cfg["sliding_window"])
 
     def forward(self, features, ctx_positions, block, block_positions):
         W, c, eps = self.W, self.cfg, self.cfg["rms_norm_eps"]
         nH, nKV, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
         context = _rms(features @ W["fc.weight"].T, W["hidden_norm.weight"], eps)
+        self.cached_positions = torch.cat([self.cached_positions, ctx_positions])
+        key_positions = torch.cat([self.cached_positions, block_positions])
         x = block
         for i in range(c["num_hidden_layers"]):
             p = f"layers.{i}."
@@ -73,7 +87,8 @@ class DraftReference:
             v = torch.cat([self.cache[i][1], v_block]).repeat_interleave(nH // nKV, dim=1)
             q = (h @ W[p + "self_attn.q_proj.weight"].T).view(-1, nH, hd)
             q = _rotate(_rms(q, W[p + "self_attn.q_norm.weight"], eps), block_positions, self.theta)
-            scores = torch.einsum("qhd,khd->hqk", q, k) * hd**-0.5  # non-causal: every row sees everything
+            scores = torch.einsum("qhd,khd->hqk", q, k) * hd**-0.5
+            scores = scores.masked_fill(~self._visible(i, key_positions, block_positions)[None], float("-inf"))
             attn = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(len(block), nH * hd)
             x = x + attn @ W[p + "self_attn.o_proj.weight"].T
             h = _rms(x, W[p + "post_attention_layernorm.weight"], eps)
@@ -129,9 +144,13 @@ def cmd_dflash(out_dir: str) -> None:
         cfg = dict(architectures=["DFlashDraftModel"], model_type="qwen3", hidden_size=H, intermediate_size=inter,
                    num_hidden_layers=layers, num_attention_heads=nH, num_key_value_heads=nKV, head_dim=hd,
                    vocab_size=V, max_position_embeddings=256, rms_norm_eps=1e-6, hidden_act="silu",
-                   tie_word_embeddings=False, layer_types=["full_attention"] * layers,
+                   tie_word_embeddings=False,
+                   layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"] if "window" in case
+                   else ["full_attention"] * layers,
                    block_size=case["block_size"], num_target_layers=num_target,
                    dflash_config=dict(mask_token_id=MASK_TOKEN_ID), **case["rope"])
+        if "window" in case:
+            cfg["sliding_window"] = case["window"]
         if case["ids"] is not None:
             cfg["dflash_config"]["target_layer_ids"] = case["ids"]
         ids = case["ids"] or [num_target // 2]  # the published default for one draft layer

@@ -61,6 +61,8 @@ def save_head(head: DFlashHead, path, *, metadata: dict | None = None) -> None:
         dflash_config=dict(mask_token_id=config.mask_token_id, target_layer_ids=list(config.target_layer_ids)),
         torch_dtype=np.dtype(head.fc.dtype).name,
     )
+    if config.layer_types is not None:
+        hf |= dict(layer_types=list(config.layer_types), sliding_window=config.sliding_window, use_sliding_window=True)
     if metadata:
         hf["jspec"] = metadata
     with atomic_directory(path) as staging:

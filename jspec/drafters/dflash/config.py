@@ -12,6 +12,7 @@ import jax
 from jspec.models.llama import LlamaConfig, from_hf_config
 
 ARCHITECTURE = "DFlashDraftModel"
+FULL, SLIDING = "full_attention", "sliding_attention"
 
 
 @jax.tree_util.register_static
@@ -21,13 +22,18 @@ class DFlashConfig:
     RoPE); ``block_size`` B: slot 0 the last verified token, slots 1..B-1 the mask token, drafting
     B-1 tokens; ``mask_token_id``: the target-vocabulary id the mask slots embed;
     ``target_layer_ids``: the target layers whose *outputs* the draft reads (HF ``hidden_states[i +
-    1]``), concatenated in this order; ``num_target_layers``: the depth the draft was trained on."""
+    1]``), concatenated in this order; ``num_target_layers``: the depth the draft was trained on;
+    ``layer_types``: each draft layer's attention, :data:`FULL` (the whole block, every context row)
+    or :data:`SLIDING` (vLLM's rule: the block causally, and only rows less than ``sliding_window``
+    positions back); None: all full."""
 
     layer: LlamaConfig
     block_size: int
     mask_token_id: int
     target_layer_ids: tuple[int, ...]
     num_target_layers: int
+    layer_types: tuple[str, ...] | None = None
+    sliding_window: int | None = None
 
     def __post_init__(self):
         if self.block_size < 2:
@@ -38,6 +44,16 @@ class DFlashConfig:
                              f"[0, {self.layer.vocab_size})")
         if not self.target_layer_ids:
             raise ValueError("DFlash target_layer_ids is empty")
+        types = self.layer_types or ()
+        if any(t not in (FULL, SLIDING) for t in types) or types and len(types) != self.layer.num_layers:
+            raise ValueError(f"DFlash layer_types must name {FULL!r} or {SLIDING!r} for each of the "
+                             f"{self.layer.num_layers} layers, got {self.layer_types!r}")
+        if SLIDING in types and not (self.sliding_window or 0) >= 1:
+            raise ValueError(f"DFlash sliding-window layers need sliding_window >= 1, got {self.sliding_window!r}")
+
+    def window(self, layer: int) -> int | None:
+        """Layer ``layer``'s sliding window, None for full attention."""
+        return self.sliding_window if self.layer_types and self.layer_types[layer] == SLIDING else None
 
     @property
     def hidden_size(self) -> int:
@@ -73,14 +89,15 @@ def config_from_hf(cfg: dict[str, Any]) -> DFlashConfig:
         if value is None:
             raise ValueError(f"DFlash config.json is missing {name!r}")
     layer_types = cfg.get("layer_types")
-    if layer_types is not None and any(t != "full_attention" for t in layer_types):
-        raise ValueError(f"unsupported DFlash config field layer_types={sorted(set(layer_types))!r} "
-                         "(sliding-window draft layers are not implemented: only full_attention)")
     qwen3 = {k: v for k, v in cfg.items() if k not in ("layer_types", "use_sliding_window")}
     layer = from_hf_config(dict(qwen3, architectures=["Qwen3ForCausalLM"], model_type="qwen3",
                                 tie_word_embeddings=False))
     ids = dflash.get("target_layer_ids")
     num_target = int(cfg["num_target_layers"])
     ids = tuple(int(i) for i in ids) if ids is not None else default_target_layer_ids(num_target, layer.num_layers)
+    mixed = layer_types is not None and any(t != FULL for t in layer_types)
+    window = cfg.get("sliding_window")
     return DFlashConfig(layer=layer, block_size=int(cfg["block_size"]), mask_token_id=int(dflash["mask_token_id"]),
-                        target_layer_ids=ids, num_target_layers=num_target)
+                        target_layer_ids=ids, num_target_layers=num_target,
+                        layer_types=tuple(layer_types) if mixed else None,
+                        sliding_window=int(window) if mixed and window else None)

@@ -74,10 +74,10 @@ def context_vectors(head: DFlashHead, features: tuple[jax.Array, ...], ex: Execu
     return rms_norm(linear(g, head.fc, None, ex), head.hidden_norm, eps, ex)
 
 
-def _step(head: DFlashHead, kv: KVCache, num_rows: int, ex: Execution, tree_mask=None) -> Step:
+def _step(head: DFlashHead, kv: KVCache, num_rows: int, ex: Execution, tree_mask=None, window=None) -> Step:
     c = head.config.layer
     return Step.make(row_positions(kv.lengths, num_rows), kv.lengths + num_rows, c.rope_inv_freq(), head.dtype, ex,
-                     tree_mask=tree_mask)
+                     tree_mask=tree_mask, window=window)
 
 
 def write_context(head: DFlashHead, kv: KVCache, context: jax.Array, ex: Execution = DEFAULT) -> KVCache:
@@ -97,16 +97,21 @@ def write_context(head: DFlashHead, kv: KVCache, context: jax.Array, ex: Executi
 def block_hidden(head: DFlashHead, kv: KVCache, x: jax.Array, ex: Execution = DEFAULT) -> tuple[jax.Array, KVCache]:
     """The draft's final-normed hidden ``[batch, T, H]`` of the block ``x [batch, T, H]`` (embedded
     tokens) at positions ``kv.lengths + 0..T-1``, every row seeing every context row and every row
-    of the block. Returns it with the cache whose buffers hold the block's K/V past ``kv.lengths``
-    (its lengths unchanged: the block never persists, and the next write overwrites it)."""
-    c, num_rows = head.config.layer, x.shape[1]
-    everywhere = jnp.ones((x.shape[0], num_rows, num_rows), bool)
-    step = _step(head, kv, num_rows, ex, tree_mask=everywhere)
+    of the block (a sliding-window layer: the block causally, and rows in its window). Returns it
+    with the cache whose buffers hold the block's K/V past ``kv.lengths`` (its lengths unchanged: the
+    block never persists, and the next write overwrites it)."""
+    config, num_rows = head.config, x.shape[1]
+    c = config.layer
+    shape = (x.shape[0], num_rows, num_rows)
+    steps = {None: _step(head, kv, num_rows, ex, tree_mask=jnp.ones(shape, bool))}
+    if config.sliding_window is not None:
+        causal = jnp.broadcast_to(jnp.tril(jnp.ones((num_rows, num_rows), bool)), shape)
+        steps[config.sliding_window] = _step(head, kv, num_rows, ex, tree_mask=causal, window=config.sliding_window)
     residual = Residual(x)
     caches = []
-    for layer, k_buf, v_buf in zip(head.layers, kv.k, kv.v):
+    for i, (layer, k_buf, v_buf) in enumerate(zip(head.layers, kv.k, kv.v)):
         x, h = add_norm(residual, layer.attn_norm, c.rms_norm_eps, ex)
-        residual, cache = decoder_layer(layer, c, x, h, (k_buf, v_buf), step)
+        residual, cache = decoder_layer(layer, c, x, h, (k_buf, v_buf), steps[config.window(i)])
         caches.append(cache)
     _, normed = add_norm(residual, head.norm, c.rms_norm_eps, ex)
     return normed, kv.written(caches, num_rows).truncate(kv.lengths)

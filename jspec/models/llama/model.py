@@ -103,7 +103,7 @@ def attention(layer, c: LlamaConfig, h, cache, step: Step):
 
     def attend(q, k_buf, v_buf, kv_lengths, positions, tree_mask):
         return decode_attention(q, k_buf, v_buf, kv_lengths, q_positions=positions, tail_mask=tree_mask,
-                                impl=ex.kernels)
+                                window=step.window, impl=ex.kernels)
 
     attn = per_head(attend, q, k_buf, v_buf, step.kv_lengths, positions, step.tree_mask, parallel=ex.placement)
     out = linear_parts(attn.reshape(batch, q.shape[1], c.q_size), layer.o, ex, split="row")
