@@ -53,7 +53,7 @@ def test_packed_layout_of_each_format():
     assert fp8.values.dtype == jnp.float8_e4m3fn and fp8.values.astype(jnp.float32).tolist() == [[448.0], [-1.0]]
 
 
-SCHEMES = ["int8", "int8-g32", "fp8", "int4", "int4-g32-sym"]
+SCHEMES = ["int8", "int8-g32", "int8-g32-mins", "fp8", "int4", "int4-g32-sym"]
 
 
 @pytest.mark.parametrize("name", SCHEMES)

@@ -4,7 +4,7 @@ Each group's scale (and min) is rounded to the weight's dtype first and the code
 from the rounded values, so the stored scale is the one the codes were made for. Symmetric:
 ``s = max|w| / MAX_CODE`` (127 for int8, 448 for fp8 e4m3, 7 for int4), ``q = round(w / s)``
 clipped to the format (fp8: rounded to nearest even by the cast). With mins: ``m = min w``,
-``s = (max w - m) / 15``, ``c = round((w - m) / s)`` clipped to 0..15. A group of zeros gets
+``s = (max w - m) / L``, ``c = round((w - m) / s)`` clipped to 0..L (L = 15 for int4, 127 for int8). A group of zeros gets
 ``s = 0``: it dequantizes to zeros.
 """
 
@@ -15,7 +15,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jspec.quant.scheme import INT4_LEVELS, MAX_CODE, Scheme
+from jspec.quant.scheme import LEVELS, MAX_CODE, Scheme
 from jspec.quant.weight import QuantizedWeight
 from pallas_kernels.matmul.quantized_matmul import FP8, INT4_OFFSET
 
@@ -53,8 +53,9 @@ def quantize_matrix(w: jax.Array, scheme: Scheme, *, transposed: bool = False) -
     mins = None
     if scheme.mins:
         mins, low = stored(blocks.min(axis=1))
-        scales, step = stored((blocks.max(axis=1) - low) / INT4_LEVELS)
-        codes = jnp.clip(jnp.round((blocks - low[:, None]) / _nonzero(step)[:, None]), 0, INT4_LEVELS)
+        levels = LEVELS[scheme.format]
+        scales, step = stored((blocks.max(axis=1) - low) / levels)
+        codes = jnp.clip(jnp.round((blocks - low[:, None]) / _nonzero(step)[:, None]), 0, levels)
     else:
         top = MAX_CODE[scheme.format]
         scales, step = stored(jnp.abs(blocks).max(axis=1) / top)

@@ -9,7 +9,8 @@ lookup gathers whole rows and dequantizes only them.
 =========  ==================================  ===============================  =============
 format     ``values``                          ``scales`` (``mins``)            weight
 =========  ==================================  ===============================  =============
-int8       int8 ``[K, N]``, -127..127           ``[K / g, N]``                  ``s * q``
+int8       int8 ``[K, N]``: -127..127, or       ``[K / g, N]`` (``mins`` too)   ``s * q``
+           codes >= 0 with mins                                                  or ``s * q + m``
 fp8        float8_e4m3fn ``[K, N]``             ``[K / g, N]``                  ``s * q``
 int4       uint8 ``[K / 2, N]``: even k in the  ``[K / g, N]`` (``mins`` too)   ``s * (c - 8)``
            low nibble, k + 1 in the high one                                     or ``s * c + m``
@@ -17,9 +18,9 @@ int4       uint8 ``[K / 2, N]``: even k in the  ``[K / g, N]`` (``mins`` too)   
 
 (``transposed``: every array with its two axes swapped.) Per output channel ``g = K``: scales
 ``[1, N]``. Scales and mins are in the dtype the weight dequantizes to (the model's), the codes
-``c`` of int4 in 0..15. Symmetric int4 codes are GGUF Q4_0's, int4 with mins is Q4_1's formula
-(``d * q + m``) and int8 Q8_0's (all three g = 32): those blocks can be repacked into this type
-losslessly, their nibbles reordered and their fp16 scales kept as they are.
+``c`` of int4 in 0..15. Symmetric int4 codes are GGUF Q4_0's, int4 with mins is Q4_1's and Q4_K's
+formula (``d * q + m``), int8 Q8_0's, Q5_0's and Q6_K's, int8 with mins Q5_1's and Q5_K's: those
+blocks are repacked into this type losslessly (``jspec.io.gguf_packed``).
 
 Why not qwix's ``QArray`` (google/qwix): it holds 4-bit values as ``jnp.int4`` arrays, whose bytes
 are XLA's to lay out and which a Pallas kernel cannot load as packed bytes; its zero point
@@ -56,7 +57,7 @@ class QuantizedWeight:
 
     values: jax.Array  # int8 / float8_e4m3fn [K, N], or uint8 [K / 2, N] (two int4 codes a byte)
     scales: jax.Array  # [K / group, N] in the weight's dtype
-    mins: jax.Array | None = None  # [K / group, N] (int4 with mins), None when symmetric
+    mins: jax.Array | None = None  # [K / group, N] (int4 / int8 with mins), None when symmetric
     transposed: bool = dataclasses.field(default=False, metadata=dict(static=True))  # stored [N, K]: a table
 
     @property

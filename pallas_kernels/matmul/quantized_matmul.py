@@ -5,7 +5,7 @@ this package imports nothing from jspec), with K on the first axis, or on the la
 ``w_transposed`` (``[N, K]``: an embedding table a tied LM head contracts as stored):
 
 * ``values``: the quantized entries; their dtype says the format.
-  ``int8`` ``[K, N]``: ``q`` in -127..127.
+  ``int8`` ``[K, N]``: ``q`` in -127..127 (codes >= 0 with mins).
   ``float8_e4m3fn`` ``[K, N]``: fp8 e4m3 (no infinities, max 448).
   ``uint8`` ``[K / 2, N]``: two 4-bit codes per byte along K, the even ``k`` in the low nibble and
   ``k + 1`` in the high one; a code ``c`` in 0..15 means ``q = c - 8`` without mins, ``q = c`` with.
