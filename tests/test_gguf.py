@@ -100,9 +100,9 @@ FP16_SCALES = {
 }
 
 
-def _random_blocks(rng, name: str, rows: int, cols: int) -> np.ndarray:
+def random_blocks(rng, name: str, rows: int, cols: int, scale: float = 2.0) -> np.ndarray:
     """A ``[rows, cols]`` tensor of type ``name`` as GGUF stores it (``[rows, bytes per row]``
-    uint8 for a quantized type): random payload bits, random finite fp16 scales."""
+    uint8 for a quantized type): random payload bits, random finite fp16 scales in ``[-scale, scale]``."""
     qtype = gguf.GGMLQuantizationType[name]
     if name in ("F32", "F16", "BF16"):
         values = rng.normal(size=(rows, cols)).astype(np.float32)
@@ -111,7 +111,7 @@ def _random_blocks(rng, name: str, rows: int, cols: int) -> np.ndarray:
         return values.astype(np.float16) if name == "F16" else values
     block, type_size = gguf.GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, size=(rows * cols // block, type_size), dtype=np.uint8)
-    scales = rng.uniform(-2, 2, size=(blocks.shape[0], 1)).astype(np.float16).view(np.uint16)
+    scales = rng.uniform(-scale, scale, size=(blocks.shape[0], 1)).astype(np.float16).view(np.uint16)
     for offset in FP16_SCALES[name]:
         start = offset % type_size
         blocks[:, start:start + 2] = scales.view(np.uint8)
@@ -134,7 +134,7 @@ def test_every_listed_tensor_type_dequantizes(tmp_path, name):
     qtype = gguf.GGMLQuantizationType[name]
     block = gguf.GGML_QUANT_SIZES[qtype][0]
     rows, cols = 70, 2 * block
-    stored = _random_blocks(np.random.default_rng(sorted(DEQUANTIZABLE).index(name)), name, rows, cols)
+    stored = random_blocks(np.random.default_rng(sorted(DEQUANTIZABLE).index(name)), name, rows, cols)
     expected = gguf.quants.dequantize(stored, qtype)
     assert expected.shape == (rows, cols) and np.isfinite(expected).all()  # valid blocks, finite scales
     assert expected.std() > 0

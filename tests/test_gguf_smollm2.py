@@ -3,6 +3,7 @@ embedding), loaded by jspec and by transformers' GGUF loader, on real text in fl
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -54,3 +55,27 @@ def test_ngram_speculative_decoding_is_lossless(smollm2, reference, greedy):
     result = jspec.speculative_generate(smollm2, NGram(), reference["prompts"], len(greedy[0]), num_draft_tokens=4)
     assert result.tokens == greedy
     assert (result.stats["accepted"] > 0).all()  # drafts were accepted, not only rejected
+
+
+def _device_bytes(tree) -> int:
+    return sum(leaf.nbytes for leaf in jax.tree.leaves(tree))
+
+
+@pytest.fixture(scope="module")
+def smollm2_packed(smollm2_gguf):
+    return jspec.load_gguf(smollm2_gguf, quantized=True)
+
+
+def test_packed_model_is_a_fraction_of_the_dequantized_ones_memory(smollm2, smollm2_packed, smollm2_gguf):
+    """Q4_1 layers as int4 with fp32 scales and mins (0.75 bytes a weight), the Q8_0 embedding as int8
+    with fp32 scales (1.125): about a fifth of float32's 4 bytes, near the file's own size."""
+    packed, full = _device_bytes(smollm2_packed), _device_bytes(smollm2)
+    assert smollm2_packed.embed.scheme.name == "int8-g32" and smollm2_packed.layers[0].qkv.scheme.name == "int4-g32"
+    assert packed < 0.25 * full and packed < 1.3 * smollm2_gguf.stat().st_size, (packed, full)
+
+
+def test_packed_greedy_tokens_equal_the_dequantized_models(smollm2_packed, reference, greedy):
+    """Its weights dequantize exactly to the float32 model's, and each matmul dequantizes, then runs
+    the same float32 dot: the same tokens."""
+    prompt = reference["prompts"][:1]
+    assert jspec.generate(smollm2_packed, prompt, 8) == [greedy[0][:8]]

@@ -6,7 +6,8 @@ layout through gguf's own name table, and the whole file is checked (architectur
 names, shapes, quantization types) before any tensor is dequantized. llama.cpp's converter
 permutes the rows of Llama's q/k projections within each head; they are put back exactly as
 transformers' GGUF loader does. Tensors are dequantized in row blocks straight into the
-target dtype and layout (``jspec.io.layout``).
+target dtype and layout (``jspec.io.layout``), or, with ``quantized=True``, each matmul weight and
+the embedding table kept in its own GGUF type as a ``QuantizedWeight`` (``jspec.io.gguf_packed``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from jspec.io.layout import RowSource, array_source, getter
+from jspec.io import gguf_packed
+from jspec.io.layout import Getter, RowSource, array_source, getter
 from jspec.io.safetensors import check_tensors
 from jspec.models import llama
 from jspec.models.llama import weights as llama_weights
@@ -197,17 +199,24 @@ class _Tensors:
         return _shape(self.by_name[name])
 
 
-def load_gguf(path, *, dtype=None, progress: bool = False) -> llama.Model:
+def load_gguf(path, *, dtype=None, quantized: bool = False, progress: bool = False) -> llama.Model:
     """Load a Llama / Qwen2 / Qwen3 GGUF file into a ``Model``.
 
     Args:
       path: the ``.gguf`` file.
       dtype: parameter dtype; ``None`` gives float32 (what every GGUF tensor type dequantizes to
         without loss, and what transformers' GGUF loader produces).
+      quantized: keep each matmul weight and the embedding table (the tied LM head) in the file's
+        own quantization, as a ``jspec.quant.QuantizedWeight`` that dequantizes exactly to gguf's
+        values in float32 (``jspec.io.gguf_packed``: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
+        Q6_K); its scales and mins are in ``dtype`` (with bfloat16, rounded to it: no longer
+        exact). Tensors stored as floats, and fused weights with a part stored as floats, stay
+        arrays. False: every tensor dequantized to ``dtype``.
       progress: show a progress bar over layers.
 
-    Raises ``ValueError`` for an unsupported architecture, field or tensor type, a missing,
-    unexpected or mis-shaped tensor, and a truncated or corrupt file, before any tensor is read.
+    Raises ``ValueError`` for an unsupported architecture, field or tensor type (with
+    ``quantized``, a matrix of a type that cannot be kept packed), a missing, unexpected or
+    mis-shaped tensor, and a truncated or corrupt file, before any tensor is read.
     """
     reader = open_gguf(path)
     config = config_from_gguf(reader)
@@ -222,12 +231,44 @@ def load_gguf(path, *, dtype=None, progress: bool = False) -> llama.Model:
             raise ValueError(
                 f"GGUF tensor {name!r} has type {kind}, which jspec cannot dequantize (supported: {sorted(DEQUANTIZABLE)})"
             )
+        if quantized and len(tensors.shape(name)) == 2 and kind not in gguf_packed.PACKABLE | gguf_packed.FLOAT_TYPES:
+            raise ValueError(
+                f"GGUF tensor {name!r} has type {kind}, which jspec cannot keep packed (quantized=True supports "
+                f"{sorted(gguf_packed.PACKABLE)} and float tensors): load with quantized=False to dequantize it"
+            )
+
+    def permuted_head_dim(hf_name: str) -> int | None:
+        if arch in _PERMUTED_QK and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+            return config.head_dim
+        return None
 
     def source(hf_name: str) -> RowSource:
-        head_dim = None
-        if arch in _PERMUTED_QK and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
-            head_dim = config.head_dim
-        return _row_source(tensors.by_name[names[hf_name]], head_dim)
+        return _row_source(tensors.by_name[names[hf_name]], permuted_head_dim(hf_name))
 
-    get = getter(source, np.float32 if dtype is None else dtype)
+    dtype = np.float32 if dtype is None else dtype
+    get = getter(source, dtype)
+    if quantized:
+        get = _packed_getter(lambda n: tensors.by_name[names[n]], permuted_head_dim, get, dtype)
     return llama_weights.build(get, config, progress=progress)
+
+
+def _packed_getter(tensor, permuted_head_dim, plain: Getter, dtype) -> Getter:
+    """``plain`` (``jspec.io.layout.getter``'s contract) with matrices of packable types kept packed:
+    ``get(names, True)`` a matmul weight ``[in, sum(out)]``, ``get(name)`` of a matrix an embedding
+    table ``[vocab, hidden]``. ``tensor(name)``: the GGUF tensor of an HF name;
+    ``permuted_head_dim(name)``: the head size whose rows llama.cpp permuted, or None."""
+
+    def get(names, transpose=False):
+        names = (names,) if isinstance(names, str) else tuple(names)
+        stored = [tensor(n) for n in names]
+        if len(_shape(stored[0])) != 2 or any(t.tensor_type.name not in gguf_packed.PACKABLE for t in stored):
+            return plain(names, transpose)  # vectors, and weights with floats in them: only exact as arrays
+        parts = []
+        for name, t in zip(names, stored):
+            codes = gguf_packed.decode(t)
+            if (head_dim := permuted_head_dim(name)) is not None:
+                codes = codes.map_rows(lambda rows, head_dim=head_dim: _unpermute_heads(rows, head_dim))
+            parts.append(codes)
+        return gguf_packed.pack(gguf_packed.join(parts), table=not transpose, dtype=dtype)
+
+    return get

@@ -1,8 +1,9 @@
 """The HF tensor layout of Llama 3 / Qwen2 / Qwen3 checkpoints -> ``Model``.
 
 No file access here: ``jspec.io`` opens the checkpoint and hands over ``get(name, transpose=False)``
-(an array in the target dtype; ``transpose`` turns PyTorch's ``[out, in]`` into ``[in, out]``; a
-tuple of names gives the tensors fused along the last axis, written once into one buffer). The
+(a device array in the target dtype, or a ``QuantizedWeight`` for a matmul weight or table kept in a
+file's quantization; ``transpose`` turns PyTorch's ``[out, in]`` into ``[in, out]``; a tuple of names
+gives the tensors fused along the last axis, written once into one buffer). The
 layer map is shared with the drafter heads built from Llama layers (EAGLE-3, MTP).
 """
 
@@ -87,21 +88,19 @@ def read_layer(get: Getter, c: LlamaConfig, prefix: str) -> Layer:
     """One decoder layer from the tensors under ``prefix``."""
 
     def fused(names):
-        return jnp.asarray(get(tuple(names), True))
+        return get(tuple(names), True)
 
     p = prefix
     return Layer(
-        attn_norm=jnp.asarray(get(p + "input_layernorm.weight")),
+        attn_norm=get(p + "input_layernorm.weight"),
         qkv=fused([p + f"self_attn.{x}_proj.weight" for x in "qkv"]),
-        o=jnp.asarray(get(p + "self_attn.o_proj.weight", True)),
-        mlp_norm=jnp.asarray(get(p + "post_attention_layernorm.weight")),
+        o=get(p + "self_attn.o_proj.weight", True),
+        mlp_norm=get(p + "post_attention_layernorm.weight"),
         gate_up=fused([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
-        down=jnp.asarray(get(p + "mlp.down_proj.weight", True)),
-        qkv_bias=(
-            jnp.asarray(get(tuple(p + f"self_attn.{x}_proj.bias" for x in "qkv"))) if c.qkv_bias else None
-        ),
-        q_norm=jnp.asarray(get(p + "self_attn.q_norm.weight")) if c.qk_norm else None,
-        k_norm=jnp.asarray(get(p + "self_attn.k_norm.weight")) if c.qk_norm else None,
+        down=get(p + "mlp.down_proj.weight", True),
+        qkv_bias=get(tuple(p + f"self_attn.{x}_proj.bias" for x in "qkv")) if c.qkv_bias else None,
+        q_norm=get(p + "self_attn.q_norm.weight") if c.qk_norm else None,
+        k_norm=get(p + "self_attn.k_norm.weight") if c.qk_norm else None,
     )
 
 
@@ -137,10 +136,10 @@ def build(get: Getter, config: LlamaConfig, *, progress: bool = False) -> Model:
         for i in tqdm(range(config.num_layers), desc="layers", disable=not progress)
     )
     return Model(
-        embed=jnp.asarray(get("model.embed_tokens.weight")),
+        embed=get("model.embed_tokens.weight"),
         layers=layers,
-        final_norm=jnp.asarray(get("model.norm.weight")),
-        lm_head=None if config.tie_word_embeddings else jnp.asarray(get("lm_head.weight", True)),
+        final_norm=get("model.norm.weight"),
+        lm_head=None if config.tie_word_embeddings else get("lm_head.weight", True),
         config=config,
     )
 
