@@ -164,6 +164,13 @@ def test_a_packed_model_saves_and_restores_bit_exactly(packed, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_a_fused_weight_with_a_float_part_stays_an_array(tmp_path):
+    path = tiny_model_file(tmp_path / "f16.gguf", retype={"blk.0.attn_v.weight": "F16"})
+    packed, plain = jspec.load_gguf(path, quantized=True), jspec.load_gguf(path)
+    assert not is_quantized(packed.layers[0].qkv) and is_quantized(packed.layers[1].qkv)
+    np.testing.assert_array_equal(packed.layers[0].qkv, plain.layers[0].qkv)
+
+
 def test_a_type_that_cannot_stay_packed_is_named_before_loading(tmp_path):
     path = tiny_model_file(tmp_path / "q2k.gguf", retype={"blk.1.ffn_down.weight": "Q2_K"})
     with pytest.raises(ValueError, match=r"'blk.1.ffn_down.weight' has type Q2_K, which jspec cannot keep packed"):
