@@ -12,6 +12,11 @@ Runs in float32 by default: there greedy speculative decoding equals plain greed
 for token. In bfloat16 the verify pass (k+1 rows at once) and the one-row decode step can round
 differently, so the outputs may part ways after a near tie (the library's ``impl="invariant"``
 removes that; this script runs the default kernels).
+
+``--weights`` says how the matrices are held: on a GPU a quantized GGUF file keeps its own
+quantization packed by default (``file``: exact against its dequantized weights, a fraction of
+their bytes); ``int8`` / ``fp8`` / ``int4`` quantize any model at load (``jspec.quantize``, round to
+nearest); ``bfloat16`` dequantizes to bfloat16 arrays.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ DEFAULT_PROMPT = (
     "that a larger model checks in parralel, so the output stays exactly the same while generation gets faster."
 )
 DTYPES = ("float32", "bfloat16", "float16")
+# How the matrices are held: a GGUF's own quantization kept packed, bfloat16 arrays, or quantized at load.
+WEIGHTS = ("file", "bfloat16", "int8", "fp8", "int4")
 DRAFTERS = ("ngram", "draft-model", "eagle3")
 # The EAGLE-3 head trained for the default model (scripts/train_draft.py; benchmarks/README.md).
 SHIPPED_HEAD = Path(__file__).resolve().parent.parent / "checkpoints" / "smollm2-eagle3"
@@ -78,8 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling")
     parser.add_argument("--impl", type=impl_choice, default="auto",
                         help=IMPL_HELP + " (default: %(default)s, the kernels where they were measured faster on a GPU)")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32",
-                        help="parameter dtype (default: float32; bfloat16 speculation is not exact yet)")
+    parser.add_argument("--dtype", choices=DTYPES, default=None,
+                        help="parameter dtype (default: float32, or bfloat16 with --weights bfloat16; bfloat16 "
+                             "speculation is not exact yet)")
+    parser.add_argument("--weights", choices=WEIGHTS, default=None,
+                        help="the matrices of the target and draft model: 'file' keeps a GGUF file's own quantization "
+                             "packed (exact against its dequantized weights; checkpoints load as stored), 'bfloat16' "
+                             "dequantized to bfloat16 arrays, 'int8' / 'fp8' / 'int4' quantized at load "
+                             "(jspec.quantize) (default: 'file' on a GPU for a quantized GGUF, else arrays in --dtype)")
     return parser
 
 
@@ -150,8 +163,8 @@ def _load(args):
     eos_ids = tuple(args.eos_id) if args.eos_id is not None else (tokenizer.eos_ids if tokenizer else ())
 
     start = time.perf_counter()
-    target = load_model(target_path, dtype=jnp.dtype(args.dtype))
-    draft = load_model(draft_path, dtype=jnp.dtype(args.dtype)) if draft_path else None
+    target = _load_weights(target_path, args)
+    draft = _load_weights(draft_path, args) if draft_path else None
     loaded_s = time.perf_counter() - start
 
     c = target.config
@@ -180,6 +193,28 @@ def _load(args):
     return target, drafters, tokenizer, prompts, shown, eos_ids, loaded_s
 
 
+def _load_weights(path, args):
+    """The model at ``path`` with its matrices held as ``args.weights`` says (set by ``main``)."""
+    import jax.numpy as jnp
+
+    import jspec
+    from jspec.io import load_model
+
+    model = load_model(path, dtype=jnp.dtype(args.dtype), quantized=args.weights == "file" and path.is_file())
+    return jspec.quantize(model, args.weights) if args.weights in ("int8", "fp8", "int4") else model
+
+
+def _default_weights(model: str) -> str | None:
+    """'file' on a GPU for a GGUF whose quantization can stay packed; else None (arrays in --dtype)."""
+    import jax
+
+    from jspec.io import resolve_model
+    from jspec.io.gguf import keeps_packed
+
+    path = resolve_model(model)
+    return "file" if jax.devices()[0].platform == "gpu" and path.is_file() and keeps_packed(path) else None
+
+
 def run(args) -> None:
     import jax
 
@@ -188,7 +223,7 @@ def run(args) -> None:
     target, drafters, tokenizer, prompts, shown, eos_ids, loaded_s = _load(args)
     c = target.config
     _say(f"target {args.model}: {c.architecture}, {c.num_layers} layers, vocab {c.vocab_size}, {args.dtype}, "
-         f"on {jax.devices()[0].device_kind} (loaded in {loaded_s:.1f} s)")
+         f"weights: {args.weights or 'arrays'}, on {jax.devices()[0].device_kind} (loaded in {loaded_s:.1f} s)")
     for ids, text in zip(prompts, shown):
         _say(f"prompt ({len(ids)} tokens):", textwrap.indent(text, "  > ", lambda _: True))
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=eos_ids,
@@ -228,7 +263,12 @@ def main(argv=None) -> None:
         parser.error("--draft is given but --drafter does not include draft-model")
     if args.head is not None and "eagle3" not in (args.drafter or ()):
         parser.error("--head is given but --drafter does not include eagle3")
+    if args.weights == "bfloat16" and args.dtype not in (None, "bfloat16"):
+        parser.error(f"--weights bfloat16 holds the weights in bfloat16, not --dtype {args.dtype}")
+    args.dtype = args.dtype or ("bfloat16" if args.weights == "bfloat16" else "float32")
     try:
+        if args.weights is None:
+            args.weights = _default_weights(args.model)
         run(args)
     except (ValueError, OSError) as e:
         parser.exit(2, f"{parser.prog}: error: {' '.join(str(e).splitlines())}\n")

@@ -140,6 +140,11 @@ BAD_COMMAND_LINES = {
     "a draft that no drafter uses": (["--draft", TINY, "--drafter", "ngram"], "does not include draft-model"),
     "--chat with token ids": (["--tokens", "5 17", "--chat"], "--chat"),
     "an unknown kernel choice": (["--impl", "fast"], "--impl"),
+    "an unknown weights choice": (["--weights", "int3"], "invalid choice: 'int3'"),
+    "bfloat16 weights in another dtype": (["--weights", "bfloat16", "--dtype", "float32"],
+                                          "--weights bfloat16 holds the weights in bfloat16, not --dtype float32"),
+    "a group that does not divide K": (["--model", TINY, "--tokens", "5 17", "--weights", "int4"],
+                                       "does not divide K"),
     "a head that no drafter uses": (["--head", TINY, "--drafter", "ngram"], "does not include eagle3"),
     "a head that is not a directory": (["--model", TINY, "--tokens", "5 17", "--drafter", "eagle3", "--head",
                                         TINY / "config.json"], "is not an EAGLE-3 head directory"),
@@ -176,3 +181,30 @@ def test_ci_runs_the_readme_test_command():
 def test_readme_api_example_runs_as_written_from_anywhere(smollm2_gguf, tmp_path):
     (tmp_path / "example.py").write_text(_readme_block("python", "## API"))
     _ok(tmp_path / "example.py", cwd=tmp_path)
+
+
+@pytest.mark.parametrize("weights", ["file", "int8", "fp8"])
+def test_weights_packed_from_the_file_or_quantized_at_load(generate, tmp_path, capsys, weights):
+    """A quantized GGUF with its own blocks kept packed, or a model quantized at load: speculation on it
+    is still exact."""
+    from tests.test_gguf_packed import tiny_model_file
+
+    model = tiny_model_file(tmp_path / "tiny.gguf") if weights == "file" else TINY
+    generate.main(["--model", str(model), "--tokens", "5 17 42 8 5 17 42", "--max-new-tokens", "6",
+                   "--weights", weights, "--impl", "xla"])
+    out = capsys.readouterr().out
+    assert f"weights: {weights}," in out and "identical to plain decoding: yes" in out
+
+
+def test_a_gpu_runs_a_quantized_gguf_packed_by_default(generate, tmp_path, monkeypatch):
+    import types
+
+    import jax
+
+    from tests.test_gguf_packed import tiny_model_file
+
+    packable = tiny_model_file(tmp_path / "tiny.gguf")
+    stuck = tiny_model_file(tmp_path / "q2k.gguf", retype={"blk.1.ffn_down.weight": "Q2_K"})  # cannot stay packed
+    assert generate._default_weights(str(packable)) is None  # on the CPU: arrays, as before
+    monkeypatch.setattr(jax, "devices", lambda: [types.SimpleNamespace(platform="gpu")])
+    assert [generate._default_weights(str(m)) for m in (packable, stuck, TINY)] == ["file", None, None]

@@ -252,6 +252,13 @@ def load_gguf(path, *, dtype=None, quantized: bool = False, progress: bool = Fal
     return llama_weights.build(get, config, progress=progress)
 
 
+def keeps_packed(path) -> bool:
+    """Whether ``load_gguf(path, quantized=True)`` loads the GGUF file at ``path`` with some matrix kept
+    packed: it holds a matrix of a packable type and none of a type that cannot stay packed."""
+    kinds = {t.tensor_type.name for t in open_gguf(path).tensors if len(_shape(t)) == 2}
+    return bool(kinds & gguf_packed.PACKABLE) and kinds <= gguf_packed.PACKABLE | gguf_packed.FLOAT_TYPES
+
+
 def _packed_getter(tensor, permuted_head_dim, plain: Getter, dtype) -> Getter:
     """``plain`` (``jspec.io.layout.getter``'s contract) with matrices of packable types kept packed:
     ``get(names, True)`` a matmul weight ``[in, sum(out)]``, ``get(name)`` of a matrix an embedding
