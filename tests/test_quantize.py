@@ -172,7 +172,7 @@ def test_save_restore_keeps_quantized_weights_bit_exact(tmp_path, scheme, dtype)
 # --- bad input -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scheme", ["int3", "int4-g0", "int4-g33", "int8-sym", "fp8-sym", "INT8", "int4-", 8])
+@pytest.mark.parametrize("scheme", ["int3", "int4-g0", "int4-g33", "int8-sym", "fp8-sym", "fp8-mins", "INT8", "int4-", 8])
 def test_an_unknown_scheme_is_named(llama_target, scheme):
     with pytest.raises(ValueError, match="scheme|group size"):
         jspec.quantize(llama_target, scheme)
