@@ -23,6 +23,7 @@ from jspec.engine import pad_prompts, prefill
 from jspec.models import forward
 from jspec.sampling import SamplingParams
 from jspec.speculative import speculative_round, start
+from tests.hidden_drafters import check_greedy_lossless
 from tests.tiny import dflash, tiny_gemma4, tiny_model
 
 # --- against the authors' loop -----------------------------------------------------------
@@ -98,14 +99,7 @@ def _target(kind, seed):
 def test_greedy_speculative_equals_greedy(seed, kind, batch, k, eos):
     target = _target(kind, seed)
     drafter = dflash(target, ids=(0, target.config.num_layers - 1), seed=seed + 10)
-    rng = np.random.default_rng(seed)
-    prompts = [list(rng.integers(0, target.config.vocab_size, size=n)) for n in rng.integers(1, 21, size=batch)]
-    eos_id = None
-    if eos:
-        plain = jspec.generate(target, prompts, 16)
-        eos_id = plain[0][len(plain[0]) // 2]
-    result = jspec.speculative_generate(target, drafter, prompts, 16, num_draft_tokens=k, eos_id=eos_id)
-    assert result.tokens == jspec.generate(target, prompts, 16, eos_id=eos_id)
+    check_greedy_lossless(target, drafter, seed, batch, k, eos)
 
 
 @pytest.mark.parametrize("num_accepted", [(0, 2, 4), (4, 1, 0)])

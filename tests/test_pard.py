@@ -7,11 +7,11 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import jspec
 from jspec.drafters import DraftModel
+from tests.hidden_drafters import check_greedy_lossless
 from tests.tiny import tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,14 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_greedy_parallel_drafting_equals_greedy(seed, batch, k, eos):
     target = tiny_model(seed)
     drafter = DraftModel(tiny_model(seed + 100, num_layers=1), parallel_token=target.config.vocab_size - 1)
-    rng = np.random.default_rng(seed)
-    prompts = [list(rng.integers(0, 97, size=n)) for n in rng.integers(1, 21, size=batch)]  # some shorter than k
-    eos_id = None
-    if eos:
-        plain = jspec.generate(target, prompts, 16)
-        eos_id = plain[0][len(plain[0]) // 2]
-    result = jspec.speculative_generate(target, drafter, prompts, 16, num_draft_tokens=k, eos_id=eos_id)
-    assert result.tokens == jspec.generate(target, prompts, 16, eos_id=eos_id)
+    check_greedy_lossless(target, drafter, seed, batch, k, eos)  # ragged prompts, some shorter than k
 
 
 def test_the_roots_row_drafts_what_the_chain_drafts_first():

@@ -56,6 +56,16 @@ def test_a_few_steps_lower_the_loss(setup, kind):
     assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
 
 
+def assert_gradient_is_the_central_difference(loss, params, eps=1e-3):
+    """``loss``'s gradient at ``params`` along a random direction equals the central difference."""
+    grads = jax.grad(loss)(params)
+    direction = jax.tree.map(lambda x: jax.random.normal(jax.random.key(x.size), x.shape, x.dtype), params)
+    numeric = (loss(jax.tree.map(lambda p, d: p + eps * d, params, direction))
+               - loss(jax.tree.map(lambda p, d: p - eps * d, params, direction))) / (2 * eps)
+    analytic = sum(jnp.vdot(g, d) for g, d in zip(jax.tree.leaves(grads), jax.tree.leaves(direction)))
+    np.testing.assert_allclose(float(analytic), float(numeric), rtol=2e-3)
+
+
 @pytest.mark.parametrize("soft_labels", [False, True])
 def test_gradients_equal_finite_differences(setup, soft_labels):
     target, drafter, tokens, lengths = setup
@@ -67,14 +77,7 @@ def test_gradients_equal_finite_differences(setup, soft_labels):
     def loss(p):
         return training.loss_fn(p, drafter, batch, steps=3)[0]
 
-    grads = jax.grad(loss)(params)
-    direction = jax.tree.map(lambda x: jax.random.normal(jax.random.key(x.size), x.shape, x.dtype), params)
-    eps = 1e-3
-    plus = loss(jax.tree.map(lambda p, d: p + eps * d, params, direction))
-    minus = loss(jax.tree.map(lambda p, d: p - eps * d, params, direction))
-    numeric = (plus - minus) / (2 * eps)
-    analytic = sum(jnp.vdot(g, d) for g, d in zip(jax.tree.leaves(grads), jax.tree.leaves(direction)))
-    np.testing.assert_allclose(float(analytic), float(numeric), rtol=2e-3)
+    assert_gradient_is_the_central_difference(loss, params)
 
 
 def test_training_logits_are_the_drafting_logits(setup):
@@ -109,13 +112,7 @@ def test_dflash_steps_lower_the_loss_and_gradients_equal_finite_differences(setu
     def loss(p):
         return training.dflash_loss_fn(p, drafter, batch, gamma=CFG.gamma)[0]
 
-    grads = jax.grad(loss)(params)
-    direction = jax.tree.map(lambda x: jax.random.normal(jax.random.key(x.size), x.shape, x.dtype), params)
-    eps = 1e-3
-    numeric = (loss(jax.tree.map(lambda p, d: p + eps * d, params, direction))
-               - loss(jax.tree.map(lambda p, d: p - eps * d, params, direction))) / (2 * eps)
-    analytic = sum(jnp.vdot(g, d) for g, d in zip(jax.tree.leaves(grads), jax.tree.leaves(direction)))
-    np.testing.assert_allclose(float(analytic), float(numeric), rtol=2e-3)
+    assert_gradient_is_the_central_difference(loss, params)
 
     state = training.init_state(drafter, CFG, jax.random.key(0))
     losses = []

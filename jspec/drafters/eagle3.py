@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from pathlib import Path
 
 import jax
@@ -34,7 +33,7 @@ import numpy as np
 from jspec.drafters.hidden_state import HiddenStateDrafter, require_llama_target
 from jspec.execution import DEFAULT, Execution
 from jspec.parallel import COLUMN, ROW, split
-from jspec.io.orbax import atomic_directory
+from jspec.io.orbax import write_hf_directory
 from jspec.io.safetensors import TensorReader, check_tensors, checkpoint_dtype, read_json, tensor_files
 from jspec.layers import linear, rms_norm
 from jspec.models.base import Capture, random_matrix, random_norm_weight
@@ -345,8 +344,6 @@ def save_head(head: Eagle3Head, path, *, metadata: dict | None = None) -> None:
     ``model.safetensors``, the tensor names of :func:`load_head`; ``d2t`` int64 offsets and ``t2d``
     bool), readable by :meth:`Eagle3.load` and by other engines' EAGLE-3 loaders. ``metadata``
     (e.g. how it was trained) goes into ``config.json`` under ``"jspec"``. Written atomically."""
-    from safetensors.numpy import save_file
-
     config, c = head.config, head.config.layer
     tensors = {"fc.weight": head.fc.T, "midlayer.hidden_norm.weight": head.hidden_norm, "norm.weight": head.norm,
                "lm_head.weight": head.lm_head.T} | layer_arrays(head.layer, c, "midlayer.")
@@ -372,9 +369,4 @@ def save_head(head: Eagle3Head, path, *, metadata: dict | None = None) -> None:
         hf["rope_scaling"] = dict(rope_type="llama3", **dataclasses.asdict(c.rope_scaling))
     if config.aux_layers is not None:
         hf["aux_layers_hf_index"] = list(config.aux_layers)
-    if metadata:
-        hf["jspec"] = metadata
-    with atomic_directory(path) as staging:
-        (staging / "config.json").write_text(json.dumps(hf, indent=2))
-        save_file({name: np.ascontiguousarray(np.asarray(x)) for name, x in tensors.items()},
-                  str(staging / "model.safetensors"), metadata={"format": "pt"})
+    write_hf_directory(path, hf, tensors, metadata=metadata)

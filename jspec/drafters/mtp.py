@@ -40,7 +40,6 @@ writes a (trained) head in the DeepSeek layout. Usage::
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from pathlib import Path
 
@@ -51,7 +50,7 @@ import numpy as np
 from jspec.drafters.hidden_state import HiddenStateDrafter, require_llama_target
 from jspec.execution import DEFAULT, Execution
 from jspec.parallel import COLUMN, ROW, split
-from jspec.io.orbax import atomic_directory
+from jspec.io.orbax import write_hf_directory
 from jspec.io.safetensors import TensorReader, check_tensors, checkpoint_dtype, read_json, tensor_files
 from jspec.layers import linear, rms_norm
 from jspec.models.base import Capture, lm_head, random_matrix, random_norm_weight
@@ -258,16 +257,9 @@ def save_head(head: MTPHead, path, *, metadata: dict | None = None) -> None:
     added to ``model.safetensors.index.json`` in a sharded one -- with ``num_nextn_predict_layers: 1``
     in the target's ``config.json`` so that the target's loaders skip them.
     """
-    from safetensors.numpy import save_file
-
     c = head.config
     p = f"model.layers.{c.num_layers}."
     tensors = {p + "enorm.weight": head.enorm, p + "hnorm.weight": head.hnorm, p + "eh_proj.weight": head.eh_proj.T,
                p + "shared_head.norm.weight": head.norm} | layer_arrays(head.layer, c, p)
     hf = to_hf_config(c) | dict(num_nextn_predict_layers=1, torch_dtype=np.dtype(head.eh_proj.dtype).name)
-    if metadata:
-        hf["jspec"] = metadata
-    with atomic_directory(path) as staging:
-        (staging / "config.json").write_text(json.dumps(hf, indent=2))
-        save_file({name: np.ascontiguousarray(np.asarray(x)) for name, x in tensors.items()},
-                  str(staging / "model.safetensors"), metadata={"format": "pt"})
+    write_hf_directory(path, hf, tensors, metadata=metadata)

@@ -93,6 +93,18 @@ def atomic_directory(path):
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def write_hf_directory(path, config: dict, tensors: Mapping, *, metadata: dict | None = None) -> None:
+    """Write an HF-layout directory atomically: ``config.json`` (``metadata`` under ``"jspec"``) and
+    ``model.safetensors`` holding ``tensors`` (name -> array, PyTorch's layout) as contiguous numpy."""
+    from safetensors.numpy import save_file
+
+    config = dict(config, jspec=metadata) if metadata else config
+    with atomic_directory(path) as staging:
+        (staging / "config.json").write_text(json.dumps(config, indent=2))
+        save_file({name: np.ascontiguousarray(np.asarray(x)) for name, x in tensors.items()},
+                  str(staging / "model.safetensors"), metadata={"format": "pt"})
+
+
 def restore(path) -> AnyModel:
     """Read a ``Model`` written by ``save``; the arrays come back bit-exactly, quantized weights as
     they were saved."""

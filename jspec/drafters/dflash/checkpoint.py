@@ -5,7 +5,6 @@ same): ``config.json`` (:mod:`jspec.drafters.dflash.config`) and safetensors wit
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,7 @@ import jax.numpy as jnp
 
 from jspec.drafters.dflash.config import ARCHITECTURE, DFlashConfig, config_from_hf
 from jspec.drafters.dflash.head import DFlashHead
-from jspec.io.orbax import atomic_directory
+from jspec.io.orbax import write_hf_directory
 from jspec.io.safetensors import TensorReader, check_tensors, checkpoint_dtype, read_json, tensor_files
 from jspec.models.llama import to_hf_config
 from jspec.models.llama.weights import layer_arrays, layer_tensors, read_layer
@@ -50,8 +49,6 @@ def load_head(path, *, dtype=None) -> DFlashHead:
 def save_head(head: DFlashHead, path, *, metadata: dict | None = None) -> None:
     """Write ``head`` in the published layout (readable by :func:`load_head` and the engines'
     DFlash loaders); ``metadata`` goes into ``config.json`` under ``"jspec"``. Written atomically."""
-    from safetensors.numpy import save_file
-
     config, c = head.config, head.config.layer
     tensors = {"fc.weight": head.fc.T, "hidden_norm.weight": head.hidden_norm, "norm.weight": head.norm}
     for i, layer in enumerate(head.layers):
@@ -63,9 +60,4 @@ def save_head(head: DFlashHead, path, *, metadata: dict | None = None) -> None:
     )
     if config.layer_types is not None:
         hf |= dict(layer_types=list(config.layer_types), sliding_window=config.sliding_window, use_sliding_window=True)
-    if metadata:
-        hf["jspec"] = metadata
-    with atomic_directory(path) as staging:
-        (staging / "config.json").write_text(json.dumps(hf, indent=2))
-        save_file({name: np.ascontiguousarray(np.asarray(x)) for name, x in tensors.items()},
-                  str(staging / "model.safetensors"), metadata={"format": "pt"})
+    write_hf_directory(path, hf, tensors, metadata=metadata)
