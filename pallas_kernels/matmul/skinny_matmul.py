@@ -5,7 +5,8 @@ Leading batch dims of x are flattened into M. ``w_transposed=True`` takes w as [
 (a tied LM head contracting against the embedding table as stored, never a transposed copy).
 
 The cost of ``x @ w`` for M = 1..64 is reading ``w`` once, so the Pallas kernel is a
-weight-streaming GEMV/GEMM (Triton backend):
+weight-streaming GEMV/GEMM (Triton backend; :mod:`pallas_kernels.matmul.skinny_kernel`, the one kernel
+this matmul and the quantized one share):
 
 * grid ``(M tiles, cdiv(N, block_n), split_k)``: each program owns one ``block_n`` column tile
   of ``w`` and one of ``split_k`` contiguous K ranges (split-K when the N tiles alone do not
@@ -40,22 +41,15 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels import pdl
 from pallas_kernels.dispatch import check_impl, interpret_mode, on_gpu
+from pallas_kernels.matmul.skinny_kernel import GATES, MAX_M, Plain, skinny_call  # noqa: F401 (GATES, MAX_M: re-exported)
 from pallas_kernels.matmul.skinny_tilings import (  # noqa: F401 (re-exported: the tilings are part of this kernel's API)
     _TUNED, INVARIANT_BLOCK_M, SkinnyConfig, _m_bucket, _pow2_at_least, default_config, gated_config, invariant_config,
 )
-
-MAX_M = 64  # the kernel's row limit; larger M (prefill) goes to XLA
-_MAX_ACCUMULATOR = 64 * 256  # fp32 accumulator elements of a program's row tiles (128 registers a thread at 4 warps)
-_SMEM_LIMIT = 220 * 1024  # pipelined tile bytes per program (227 KiB max); fewer stages beyond
 
 
 def skinny_matmul_reference(x, w, *, w_transposed=False, gated=None):
@@ -71,151 +65,6 @@ def skinny_matmul_reference(x, w, *, w_transposed=False, gated=None):
         return out
     gate, up = jnp.split(out, 2, axis=-1)
     return GATES[gated](gate) * up
-
-
-def _kernel(*refs, m, k, n, block_m, m_tiles, block_k, block_n, k_per_split, mask_m, mask_k, mask_n, compute_dtype,
-            precision, w_transposed, gated):
-    # refs: x, w (gate and up tiles of the same weight when ``gated``), out.
-    # x_ref: [m_tiles * block_m, k_per_split]
-    # w_ref: [k_per_split, block_n], or [block_n, k_per_split] when w_transposed
-    # o_ref: [m_tiles * block_m, block_n]      (squeezed split dim when split_k > 1)
-    # Each of the m_tiles row tiles has its own accumulator and dot, the same as one tile alone: a
-    # program with several reads each weight tile once for all of them.
-    num_w = 2 if gated else 1
-    x_ref, w_refs, o_ref = refs[0], refs[1:1 + num_w], refs[-1]
-    pid_n = pl.program_id(1)
-    pid_s = pl.program_id(2)
-    num_k_steps = k_per_split // block_k
-
-    first_row = pl.program_id(0) * m_tiles * block_m
-    rows_ok = [(first_row + t * block_m + jnp.arange(block_m) < m) if mask_m else None for t in range(m_tiles)]
-    col_ok = (pid_n * block_n + jnp.arange(block_n) < n) if mask_n else None
-
-    def x_block(t, kk, k_ok):
-        return _load(x_ref.at[pl.ds(t * block_m, block_m), pl.ds(kk, block_k)], _and2d(rows_ok[t], k_ok))
-
-    def body(step, accs):
-        kk = pl.multiple_of(step * block_k, block_k)
-        k_ok = None
-        if mask_k:
-            k_ok = pid_s * k_per_split + kk + jnp.arange(block_k) < k
-        if w_transposed:
-            wbs = [_load(w_ref.at[:, pl.ds(kk, block_k)], _and2d(col_ok, k_ok)) for w_ref in w_refs]
-            contract = (((1,), (1,)), ((), ()))
-        else:
-            wbs = [_load(w_ref.at[pl.ds(kk, block_k), :], _and2d(k_ok, col_ok)) for w_ref in w_refs]
-            contract = (((1,), (0,)), ((), ()))
-        tiles = []
-        for t in range(m_tiles):
-            xb = x_block(t, kk, k_ok)
-            tiles.append(tuple(acc + jax.lax.dot_general(xb.astype(compute_dtype), wb.astype(compute_dtype), contract,
-                                                         precision=precision, preferred_element_type=jnp.float32)
-                               for acc, wb in zip(accs[t], wbs)))
-        return tuple(tiles)
-
-    zeros = tuple(tuple(jnp.zeros((block_m, block_n), jnp.float32) for _ in range(num_w)) for _ in range(m_tiles))
-    accs = jax.lax.fori_loop(0, num_k_steps, body, zeros)
-    for t, acc in enumerate(accs):
-        if gated:  # act(gate) * up from the outputs rounded as the unfused matmul would round them
-            gate, up = (a.astype(o_ref.dtype).astype(jnp.float32) for a in acc)
-            out = GATES[gated](gate) * up
-        else:
-            out = acc[0]
-        plgpu.store(o_ref.at[pl.ds(t * block_m, block_m), :], out.astype(o_ref.dtype), mask=_and2d(rows_ok[t], col_ok))
-
-
-# Activations of the gate: the kernel's epilogue (in fp32) and the reference. SiLU for Llama / Qwen, the tanh
-# GELU (HF ``gelu_pytorch_tanh``) for Gemma 4.
-GATES = {"silu": jax.nn.silu, "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True)}
-
-
-def _and2d(rows, cols):
-    if rows is None and cols is None:
-        return None
-    if rows is None:
-        return cols[None, :]
-    if cols is None:
-        return rows[:, None]
-    return rows[:, None] & cols[None, :]
-
-
-def _load(ref, mask):
-    if mask is None:
-        return plgpu.load(ref)
-    mask = jnp.broadcast_to(mask, ref.shape)
-    return plgpu.load(ref, mask=mask, other=0)
-
-
-@functools.partial(jax.jit, static_argnames=("config", "interpret", "w_transposed", "gated", "split_parts"))
-def _skinny_matmul_pallas_2d(x, w, *, config: SkinnyConfig, interpret: bool, w_transposed: bool = False,
-                             gated: str | None = None, split_parts: bool = False):
-    m, k = x.shape
-    n, k2 = w.shape if w_transposed else w.shape[::-1]
-    assert k == k2, (x.shape, w.shape)
-    cfg = config
-    if m > MAX_M and cfg.block_m is None:
-        raise ValueError(f"the skinny-matmul kernel takes at most {MAX_M} rows in one tile, got {m}")
-    if gated is not None:  # the gate's and up's column tiles side by side, one output tile: no split-K partials
-        if w_transposed or n % 2 or (n // 2) % cfg.block_n or cfg.split_k != 1:
-            raise ValueError(f"a gated product needs w [K, N] with N / 2 a multiple of block_n and no split-K, got "
-                             f"N = {n}, {cfg}, w_transposed={w_transposed}")
-        n //= 2
-    block_m = cfg.block_m or _pow2_at_least(m, 16)
-    block_k, block_n, split_k = cfg.block_k, cfg.block_n, cfg.split_k
-    for name, v in (("block_k", block_k), ("block_n", block_n)):
-        if v < 16 or v & (v - 1):
-            raise ValueError(f"{name} must be a power of two >= 16, got {v}")
-    compute_dtype = jnp.promote_types(x.dtype, w.dtype)
-    itemsize = jnp.dtype(compute_dtype).itemsize
-    num_w = 2 if gated else 1
-    # Row tiles per program (``impl="invariant"``): every tile of up to _MAX_ACCUMULATOR rows x
-    # block_n in one program, so the weight is read once for all of them.
-    m_tiles = 1 if cfg.block_m is None else max(1, min(pl.cdiv(m, block_m),
-                                                       _MAX_ACCUMULATOR // (block_m * block_n * num_w)))
-    rows_per_program = m_tiles * block_m
-    num_stages = cfg.num_stages  # Triton allocates num_stages buffers of both tiles
-    while num_stages > 1 and (num_stages * (num_w * block_k * block_n + rows_per_program * block_k)
-                              * itemsize > _SMEM_LIMIT):
-        num_stages -= 1
-    steps = pl.cdiv(pl.cdiv(k, split_k), block_k)
-    k_per_split = steps * block_k
-    split_k = pl.cdiv(k, k_per_split)  # drop splits that would be empty
-    grid = (pl.cdiv(m, rows_per_program), pl.cdiv(n, block_n), split_k)
-    precision = (jax.lax.Precision.HIGHEST if compute_dtype == jnp.float32
-                 else jax.lax.Precision.DEFAULT)
-    kernel = functools.partial(
-        _kernel, m=m, k=k, n=n, block_m=block_m, m_tiles=m_tiles, block_k=block_k, block_n=block_n,
-        k_per_split=k_per_split, mask_m=m % rows_per_program != 0, mask_k=split_k * k_per_split != k,
-        mask_n=n % block_n != 0, compute_dtype=compute_dtype, precision=precision, w_transposed=w_transposed,
-        gated=gated)
-    x_spec = pl.BlockSpec((rows_per_program, k_per_split), lambda r, i, s: (r, s))
-    if w_transposed:
-        w_specs = [pl.BlockSpec((block_n, k_per_split), lambda r, i, s: (i, s))]
-    else:
-        w_specs = [pl.BlockSpec((k_per_split, block_n), lambda r, i, s, c=c: (s, i + c * (n // block_n)))
-                   for c in range(num_w)]
-    if split_k == 1:
-        out_shape = jax.ShapeDtypeStruct((m, n), x.dtype)
-        out_spec = pl.BlockSpec((rows_per_program, block_n), lambda r, i, s: (r, i))
-    else:
-        out_shape = jax.ShapeDtypeStruct((split_k, m, n), jnp.float32)
-        out_spec = pl.BlockSpec((None, rows_per_program, block_n), lambda r, i, s: (s, r, i))
-    out = pdl.pallas_call(
-        kernel,
-        out_shape=out_shape,
-        grid=grid,
-        in_specs=[x_spec, *w_specs],
-        out_specs=out_spec,
-        compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps,
-                                             num_stages=num_stages),
-        interpret=interpret,
-        name="skinny_matmul",
-    )(x, *[w] * num_w)
-    if split_parts:
-        return out if split_k > 1 else out[None]
-    if split_k > 1:
-        out = (functools.reduce(operator.add, list(out)) if cfg.ordered_splits else out.sum(axis=0)).astype(x.dtype)
-    return out
 
 
 def skinny_matmul_pallas(x, w, *, config: SkinnyConfig | None = None, interpret=None, w_transposed=False,
@@ -244,8 +93,9 @@ def _pallas(x, w, config, interpret, w_transposed, gated, *, parts):
         config = default_config(x2.shape[0], k, n, jnp.dtype(jnp.promote_types(x.dtype, w.dtype)).itemsize)
         if gated is not None:
             config = gated_config(config, n)
-    out = _skinny_matmul_pallas_2d(x2, w, config=config, interpret=bool(interpret), w_transposed=w_transposed,
-                                   gated=gated, split_parts=parts)
+    out = skinny_call(x2, (w,), loader=Plain(jnp.dtype(w.dtype).itemsize), k=k, n=n, w_dtype=jnp.dtype(w.dtype),
+                      config=config, interpret=bool(interpret), w_transposed=w_transposed, gated=gated,
+                      split_parts=parts)
     return out.reshape(*out.shape[:-2], *lead, out.shape[-1])
 
 
