@@ -197,7 +197,27 @@ def test_data_windows_and_draft_vocabulary():
     assert (np.arange(2) + np.asarray(d2t)).tolist() == [5, 9]  # the two most frequent ids, sorted
     with pytest.raises(ValueError, match="draft vocabulary size"):
         training.draft_vocabulary([[1]], 13, 12)
-    assert len(training.chat_prompts()) >= 200
+
+
+def test_chat_prompts_are_thousands_and_none_is_a_held_out_prompt():
+    """Distinct everyday requests; none equals a benchmark prompt or shares most of its words."""
+    import re
+
+    from jspec.bench.accept import prompt_set
+
+    prompts = training.chat_prompts()
+    assert 4000 <= len(prompts) == len(set(prompts)) and not any("{" in p for p in prompts)
+    subset = training.chat_prompts(50, seed=1)
+    assert subset == training.chat_prompts(50, seed=1) != training.chat_prompts(50, seed=2)
+    assert len(subset) == 50 and set(subset) <= set(prompts)
+
+    def words(text):
+        return set(re.findall(r"[a-z0-9]+", text.lower()))
+
+    held_out = [words(p["text"]) for p in prompt_set()]
+    assert not {" ".join(p["text"].split()) for p in prompt_set()} & {" ".join(p.split()) for p in prompts}
+    overlap = max(len(w & h) / len(w | h) for w in map(words, prompts) for h in held_out)
+    assert overlap < 0.7
 
 
 def test_transform_prompts_hand_the_target_a_passage_to_work_on():
