@@ -1,4 +1,5 @@
-"""Few rows times a quantized weight matrix: the exact jnp reference and its ``impl=`` dispatcher.
+"""Few rows times a quantized weight matrix: the exact jnp reference and the ``impl=`` dispatcher
+between it and the Pallas kernel (:mod:`pallas_kernels.matmul.quantized_kernel`).
 
 A quantized ``[K, N]`` weight arrives as its parts (``jspec.quant.QuantizedWeight`` holds them;
 this package imports nothing from jspec), with K on the first axis, or on the last with
@@ -18,22 +19,27 @@ scales' dtype: :func:`dequantize` is the definition of the weight's value, and e
 :func:`quantized_matmul` must equal :func:`quantized_matmul_reference` (dequantize, then
 ``skinny_matmul_reference``'s dot) within the tolerance of a reordered fp32 sum.
 
-``impl``: ``"invariant"`` runs the dequantized weight through the skinny matmul's row-invariant
-kernel (bitwise independent of the rows beside each one); every other mode takes the reference.
+``impl``: ``"pallas"`` the kernel (interpreted off a GPU) wherever it takes the shape (up to
+``quantized_kernel.MAX_M`` rows; groups of at least one 16-bit dot), the reference elsewhere;
+``"auto"`` the kernel on a GPU for up to ``MAX_M`` rows (provisional: to be set by measurement,
+``python -m jspec.bench quant-matmul``), the reference elsewhere; ``"xla"`` the reference;
+``"invariant"`` the dequantized weight through the skinny matmul's row-invariant kernel (bitwise
+independent of the rows beside each one).
 """
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.dispatch import check_impl
+from pallas_kernels.dispatch import check_impl, on_gpu
+from pallas_kernels.matmul.quantized_kernel import (  # noqa: F401 (the formats: re-exported)
+    FORMATS, FP8, INT4_OFFSET, INT4_PAIRS, INT8, MAX_M, kernel_takes, quantized_loader, quantized_matmul_pallas,
+    quantized_matmul_pallas_parts,
+)
 from pallas_kernels.matmul.skinny_matmul import GATES, skinny_matmul, skinny_matmul_reference
-
-# The formats by the dtype of their values.
-INT8, FP8, INT4_PAIRS = jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.uint8)
-FORMATS = (INT8, FP8, INT4_PAIRS)
-INT4_OFFSET = 8  # a symmetric 4-bit code c holds q = c - 8
 
 
 def unpack_int4(pairs: jax.Array, axis: int) -> jax.Array:
@@ -89,24 +95,44 @@ def quantized_matmul_reference(x, values, scales, mins=None, *, w_transposed=Fal
 
 def quantized_matmul(x, values, scales, mins=None, *, impl="auto", w_transposed=False, gated=None):
     """Dispatcher: ``x [..., K] @ w -> [..., N]`` for the quantized weight ``w`` (module docstring);
-    ``gated`` as for ``skinny_matmul``. ``impl="invariant"``: the skinny matmul's row-invariant kernel
-    on the dequantized weight (no gate fused, as there); any other mode: the reference."""
+    ``gated`` as for ``skinny_matmul`` (fused into the kernel wherever it runs and the halves are whole
+    column tiles; composed beside it otherwise). Parts that do not make one weight, or an x of another
+    K: ``ValueError``."""
     return _dispatch(x, values, scales, mins, impl, w_transposed, gated, parts=False)
 
 
 def quantized_matmul_parts(x, values, scales, mins=None, *, impl="auto", w_transposed=False):
     """Dispatcher for the product as partial sums ``[splits, ..., N]`` (``skinny_matmul_parts``'
-    contract: their sum over the first axis, rounded to x's dtype, is the product); ``[1, ..., N]``,
-    the product itself, until a kernel splits K."""
+    contract: their sum over the first axis, rounded to x's dtype, is the product): the kernel's
+    split-K partials where it runs, else ``[1, ..., N]``, the product itself."""
     return _dispatch(x, values, scales, mins, impl, w_transposed, None, parts=True)
+
+
+def _auto_uses_kernel(m: int) -> bool:
+    """The ``impl="auto"`` rule on a GPU: the kernel for every weight it takes (provisional: to be
+    set per shape and format from ``python -m jspec.bench quant-matmul``)."""
+    return m <= MAX_M
 
 
 def _dispatch(x, values, scales, mins, impl, w_transposed, gated, *, parts):
     if gated is not None and gated not in GATES:
         raise ValueError(f"gated must be one of {sorted(GATES)}, got {gated!r}")
-    if check_impl(impl, "quantized_matmul") == "invariant":
+    loader, k, n = quantized_loader(values, scales, mins, w_transposed=w_transposed)
+    if x.shape[-1] != k:
+        raise ValueError(f"x [..., {x.shape[-1]}] does not contract with a quantized weight of K = {k}")
+    mode = check_impl(impl, "quantized_matmul")
+    if mode == "invariant":
         w = dequantize(values, scales, mins, w_transposed=w_transposed)
         out = skinny_matmul(x, w, impl="invariant", w_transposed=w_transposed, gated=gated)
-    else:
-        out = quantized_matmul_reference(x, values, scales, mins, w_transposed=w_transposed, gated=gated)
+        return out[None] if parts else out
+    m = math.prod(x.shape[:-1])
+    if (mode == "pallas" or (mode == "auto" and on_gpu() and _auto_uses_kernel(m))) and kernel_takes(m, loader, k, n):
+        kernel_args = dict(interpret=None if mode == "pallas" else False, w_transposed=w_transposed)
+        if parts:
+            return quantized_matmul_pallas_parts(x, values, scales, mins, **kernel_args)
+        if gated is None or kernel_takes(m, loader, k, n, gated=True):
+            return quantized_matmul_pallas(x, values, scales, mins, gated=gated, **kernel_args)
+        gate, up = jnp.split(quantized_matmul_pallas(x, values, scales, mins, **kernel_args), 2, axis=-1)
+        return GATES[gated](gate) * up
+    out = quantized_matmul_reference(x, values, scales, mins, w_transposed=w_transposed, gated=gated)
     return out[None] if parts else out

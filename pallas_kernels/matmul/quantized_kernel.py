@@ -1,0 +1,210 @@
+"""The skinny-matmul kernel on quantized weights: the packed bytes stream from HBM and are widened in
+registers (:class:`QuantizedLoader`, the weight loader of :mod:`pallas_kernels.matmul.skinny_kernel`).
+
+Per K step each program loads, for its column tile, the step's packed rows (int8 / fp8: ``[bk, bn]``
+bytes; int4: ``[bk / 2, bn]`` bytes, two codes a byte) and one row of scales (and mins) per group the
+step covers. The step is dequantized in *substeps* that each lie inside one group (``gcd(block_k,
+group)`` entries, every entry of a step when the scale is per channel), so a substep multiplies its
+codes by one broadcast row of scales, never a per-row gather or a reshape:
+
+* codes to fp32 exactly without the int-to-float conversion unit (a quarter of the FMA rate on
+  Hopper, slower than int4 streams): an int4 code ``c`` or'ed into the mantissa of 2^23 is the float
+  ``2^23 + c``; an int8 code ``q`` added to the bits of 1.5 * 2^23 is ``1.5 * 2^23 + q``; one
+  subtraction then gives ``c`` (``c - 8`` symmetric) or ``q``. fp8 e4m3 converts in hardware;
+* ``w = q * scale (+ min)`` in fp32, rounded once to the scales' dtype: exactly
+  :func:`pallas_kernels.matmul.quantized_matmul.dequantize`, so the kernel differs from the reference
+  only by the order of the fp32 sums;
+* int4: the low nibbles are the even K rows and the high nibbles the odd ones, so a substep is two
+  slabs, each dotted with the even / odd columns of x (x is read as pairs ``[M, K / 2, 2]``, a free
+  reshape) instead of interleaving the nibbles in registers.
+
+Tilings (``quantized_config``): each step reads 128 bytes of every column of its tile (int4:
+256 K rows, 8-bit: 128), split-K until the grid holds about two programs per SM. Provisional, to be
+swept on the GPU (``python -m jspec.bench quant-matmul``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from pallas_kernels.dispatch import interpret_mode
+from pallas_kernels.matmul.skinny_kernel import Slab, load, and2d, skinny_call
+from pallas_kernels.matmul.skinny_tilings import SkinnyConfig, _pow2_at_least, _NUM_SMS, gated_config
+
+MAX_M = 80  # rows the quantized kernel takes in one tile (a batch of 16 verifying 4 drafts)
+INT8, FP8, INT4_PAIRS = jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.uint8)
+FORMATS = (INT8, FP8, INT4_PAIRS)
+INT4_OFFSET = 8  # a symmetric 4-bit code c holds q = c - 8
+_F32_2P23 = 0x4B000000  # bits of 2.0**23: or'ed with c < 2**23 -> 2**23 + c
+_F32_1P5_2P23 = 0x4B400000  # bits of 1.5 * 2**23: plus q in -2**22..2**22 -> 1.5 * 2**23 + q
+_MIN_SUBSTEP = {"int4": 32, "int8": 16, "fp8": 16}  # a 16-bit dot needs K >= 16 (int4: per nibble half)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedLoader:
+    """Reads a quantized weight (static): ``format`` "int8" / "fp8" / "int4", ``group`` the K entries
+    a scale covers (None: one scale per output channel), ``mins`` whether groups have a min,
+    ``dtype`` the dequantized weight's dtype (the scales')."""
+
+    format: str
+    group: int | None
+    mins: bool
+    dtype: jnp.dtype
+
+    pairs = property(lambda self: self.format == "int4")
+    num_refs = property(lambda self: 3 if self.mins else 2)
+    bytes_per_entry = property(lambda self: 0.5 if self.format == "int4" else 1.0)
+
+    def substep(self, block_k: int) -> int:
+        """K entries dequantized with one row of scales: the largest power of two dividing both the
+        step and the group (the whole step per channel)."""
+        return block_k if self.group is None else math.gcd(block_k, self.group)
+
+    def check(self, block_k: int) -> None:
+        sub = self.substep(block_k)
+        if sub < _MIN_SUBSTEP[self.format]:
+            raise ValueError(f"{self.format} groups of {self.group} with block_k {block_k} dequantize {sub} K rows "
+                             f"at a time; the kernel needs >= {_MIN_SUBSTEP[self.format]} (a 16-bit dot's K)")
+
+    def specs(self, arrays, k_per_split, block_n, col_tiles, w_transposed):
+        values, scales = arrays[:2]
+        pack = 2 if self.pairs else 1
+        if w_transposed:  # values [N, K'], scales [N, groups]: whole rows of scales per column tile
+            value_spec = pl.BlockSpec((block_n, k_per_split // pack), lambda r, i, s: (i + col_tiles, s))
+            scale_spec = pl.BlockSpec((block_n, scales.shape[1]), lambda r, i, s: (i + col_tiles, 0))
+        else:  # values [K', N], scales [groups, N]
+            value_spec = pl.BlockSpec((k_per_split // pack, block_n), lambda r, i, s: (s, i + col_tiles))
+            scale_spec = pl.BlockSpec((scales.shape[0], block_n), lambda r, i, s: (0, i + col_tiles))
+        return [value_spec, scale_spec] + [scale_spec] * self.mins
+
+    def slabs(self, refs, step, block_k):
+        values_ref, scales_ref = refs[:2]
+        mins_ref = refs[2] if self.mins else None
+        sub = self.substep(block_k)
+        out = []
+        for j in range(block_k // sub):
+            start = pl.multiple_of(step.kk + j * sub, sub)  # the substep's first K index within the split
+            # Its group (global, as scales are not split); substeps are whole groups' parts, so one
+            # existing first entry means the group exists.
+            group_row = 0 if self.group is None else jax.lax.div(step.k_base + start, self.group)
+            group_ok = step.k_ok(start, 1)
+
+            def group_param(ref):  # [1, bn] ([bn, 1] transposed): this group's scales or mins
+                if step.w_transposed:
+                    return load(ref.at[:, pl.ds(group_row, 1)], and2d(step.col_ok, group_ok))
+                return load(ref.at[pl.ds(group_row, 1), :], and2d(group_ok, step.col_ok))
+
+            scale = group_param(scales_ref)
+            low = None if mins_ref is None else group_param(mins_ref)
+            if self.pairs:
+                half = sub // 2
+                first = pl.multiple_of(step.kk // 2 + j * half, half)  # byte row = pair index
+                rows = pl.ds(first, half)
+                mask = step.tile_mask(step.k_ok(2 * first, half, 2))
+                codes = load(values_ref.at[:, rows] if step.w_transposed else values_ref.at[rows, :], mask)
+                codes = codes.astype(jnp.uint32)
+                for parity, nibble in enumerate((codes & 0xF, codes >> 4)):
+                    out.append(Slab(first, half, parity, self._dequantize(nibble, scale, low, step.compute_dtype)))
+            else:
+                rows = pl.ds(start, sub)
+                mask = step.tile_mask(step.k_ok(start, sub))
+                codes = load(values_ref.at[:, rows] if step.w_transposed else values_ref.at[rows, :], mask)
+                out.append(Slab(start, sub, None, self._dequantize(codes, scale, low, step.compute_dtype)))
+        return out
+
+    def _dequantize(self, codes, scale, low, compute_dtype):
+        """``dequantize``'s value of ``codes`` (int4: one nibble each, uint32) in ``compute_dtype``."""
+        if self.format == "int4":
+            biased = jax.lax.bitcast_convert_type(codes | _F32_2P23, jnp.float32)
+            q = biased - float(2**23 + (0 if self.mins else INT4_OFFSET))
+        elif self.format == "int8":
+            biased = jax.lax.bitcast_convert_type(codes.astype(jnp.int32) + _F32_1P5_2P23, jnp.float32)
+            q = biased - float(3 * 2**22)
+        else:
+            q = codes.astype(jnp.float32)
+        w = q * scale.astype(jnp.float32)
+        if low is not None:
+            w = w + low.astype(jnp.float32)
+        return w.astype(self.dtype).astype(compute_dtype)
+
+
+def quantized_loader(values, scales, mins=None, *, w_transposed=False) -> tuple[QuantizedLoader, int, int]:
+    """The loader of a quantized weight's parts and its ``(K, N)``; ``ValueError`` where the parts
+    do not make one weight (layout: ``pallas_kernels.matmul.quantized_matmul``)."""
+    fmt = jnp.dtype(values.dtype)
+    if fmt not in FORMATS:
+        raise ValueError(f"quantized values must be one of {[str(f) for f in FORMATS]}, got {fmt}")
+    if values.ndim != 2 or scales.ndim != 2:
+        raise ValueError(f"values and scales are matrices, got {values.shape} and {scales.shape}")
+    k_axis = 1 if w_transposed else 0
+    name = {INT8: "int8", FP8: "fp8", INT4_PAIRS: "int4"}[fmt]
+    k = values.shape[k_axis] * (2 if name == "int4" else 1)
+    n = values.shape[1 - k_axis]
+    groups = scales.shape[k_axis]
+    if scales.shape[1 - k_axis] != n or groups < 1 or k % groups:
+        raise ValueError(f"scales {scales.shape} do not fit values {values.shape} (w_transposed={w_transposed}): "
+                         f"expected {'[N, K / group]' if w_transposed else '[K / group, N]'} with N = {n}, K = {k}")
+    if mins is not None and mins.shape != scales.shape:
+        raise ValueError(f"mins {mins.shape} must be shaped as scales {scales.shape}")
+    group = k // groups
+    if name == "int4" and groups > 1 and group % 2:
+        raise ValueError(f"int4 groups of {group} split a byte's two codes")
+    loader = QuantizedLoader(name, None if groups == 1 else group, mins is not None, jnp.dtype(scales.dtype))
+    return loader, k, n
+
+
+def quantized_config(m: int, k: int, n: int, loader: QuantizedLoader, gated: bool = False) -> SkinnyConfig:
+    """The tiling for x [m, k] @ a quantized w [k, n] (module docstring); ``gated``: the tiling of the
+    fused ``[gate | up]`` product (``gated_config``)."""
+    bits = 4 if loader.format == "int4" else 8
+    block_k = min(1024 // bits, _pow2_at_least(k, _MIN_SUBSTEP[loader.format]))  # 128 bytes of a column a step
+    block_n = min(128 if m <= 32 else 64, _pow2_at_least(n, 16))  # 128-row tiles: half the accumulator columns
+    tiles, split_k = pl.cdiv(n, block_n), 1
+    while tiles * split_k < 2 * _NUM_SMS and pl.cdiv(k, 2 * split_k) >= 2 * block_k:
+        split_k *= 2
+    config = SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=4, num_stages=4)
+    return gated_config(config, n) if gated else config
+
+
+def kernel_takes(m: int, loader: QuantizedLoader, k: int, n: int, *, gated: bool = False) -> bool:
+    """Whether the kernel takes these rows and this weight with its default tiling (else the dispatcher
+    runs the reference): at most :data:`MAX_M` rows, groups of whole 16-bit dots, and for a gated
+    product halves of whole column tiles."""
+    config = quantized_config(m, k, n, loader, gated)
+    if m > MAX_M or loader.substep(config.block_k) < _MIN_SUBSTEP[loader.format]:
+        return False
+    return not gated or (n % 2 == 0 and (n // 2) % config.block_n == 0)
+
+
+def quantized_matmul_pallas(x, values, scales, mins=None, *, config: SkinnyConfig | None = None, interpret=None,
+                            w_transposed=False, gated: str | None = None):
+    """The kernel: ``x [..., K] @ dequantize(values, scales, mins) -> [..., N]`` in x's dtype (at most
+    :data:`MAX_M` rows after flattening); ``gated``: w is ``[gate | up]``, the result
+    ``act(x @ gate) * (x @ up)`` [..., N / 2] from the kernel's epilogue."""
+    return _pallas(x, values, scales, mins, config, interpret, w_transposed, gated, parts=False)
+
+
+def quantized_matmul_pallas_parts(x, values, scales, mins=None, *, config: SkinnyConfig | None = None,
+                                  interpret=None, w_transposed=False):
+    """The kernel's split-K partial sums ``[splits, ..., N]`` in fp32 (``[1, ..., N]`` in x's dtype
+    without split-K); their sum rounded to x's dtype is the product."""
+    return _pallas(x, values, scales, mins, config, interpret, w_transposed, None, parts=True)
+
+
+def _pallas(x, values, scales, mins, config, interpret, w_transposed, gated, *, parts):
+    loader, k, n = quantized_loader(values, scales, mins, w_transposed=w_transposed)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if config is None:
+        config = quantized_config(x2.shape[0], k, n, loader, gated is not None)
+    loader.check(config.block_k)
+    arrays = (values, scales) + ((mins,) if loader.mins else ())
+    out = skinny_call(x2, arrays, loader=loader, k=k, n=n, w_dtype=loader.dtype, config=config,
+                      interpret=interpret_mode() if interpret is None else bool(interpret), w_transposed=w_transposed,
+                      gated=gated, split_parts=parts, max_m=MAX_M, name="quantized_matmul")
+    return out.reshape(*out.shape[:-2], *lead, out.shape[-1])

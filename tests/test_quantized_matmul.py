@@ -1,0 +1,177 @@
+"""The quantized skinny matmul: the Pallas kernel (dequantizing in registers) in interpret mode against
+the exact reference, for every format; the dispatcher's choices; the kernel lowered for CUDA.
+
+Interpret mode pads float inputs (x, scales, mins) to whole blocks with NaN and starts outputs as
+NaN, so a finite result equal to the reference means every output element was written and no padded
+entry reached a dot unmasked. Shapes are ragged against the blocks (K, N and the last split).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jspec.quant import Scheme, quantize_matrix
+from pallas_kernels.matmul import quantized_kernel as qk
+from pallas_kernels.matmul import quantized_matmul as qm
+from pallas_kernels.matmul.skinny_tilings import SkinnyConfig
+from tests._lowering import lower_for_cuda, triton_kernel_count
+
+# Small K steps (int4 groups of 128 span two of them, groups of 32 two substeps of one), two splits
+# of which the last is ragged, N no multiple of the column tile: every mask in play.
+CFG = SkinnyConfig(block_n=64, block_k=64, split_k=2, num_warps=4, num_stages=3)
+# The reference paths as one program each rather than op by op (each eager op compiles on its own);
+# the kernel is jitted already, and its eager calls hit the cache of an earlier call's tiling.
+quantized_matmul_reference = jax.jit(qm.quantized_matmul_reference, static_argnames=("w_transposed", "gated"))
+jitted_matmul = jax.jit(qm.quantized_matmul, static_argnames=("impl", "w_transposed", "gated"))
+
+
+def _weight(scheme, k, n, *, transposed=False, seed=0):
+    kx, kw = jax.random.split(jax.random.key(seed))
+    w = (jax.random.normal(kw, (n, k) if transposed else (k, n), jnp.float32) / np.sqrt(k)).astype(jnp.bfloat16)
+    q = quantize_matrix(w, Scheme.parse(scheme), transposed=transposed)
+    return q.values, q.scales, q.mins
+
+
+def _x(m, k, seed=0, dtype=jnp.bfloat16):
+    return jax.random.normal(jax.random.key(seed + 1), (m, k), jnp.float32).astype(dtype)
+
+
+def _check(out, ref, tol=1e-2):
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    out32, ref32 = (np.asarray(a.astype(jnp.float32)) for a in (out, ref))
+    assert np.isfinite(out32).all(), "unwritten (NaN-poisoned) or NaN-contaminated output"
+    # The same dequantized weight, fp32 accumulation in both: only the order of the sums differs.
+    np.testing.assert_allclose(out32, ref32, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("scheme,m,k,n,cfg", [
+    ("int8", 1, 200, 150, CFG),  # per channel, K ragged against the step
+    ("int8", 80, 200, 150, None),  # the kernel's most rows: one 128-row tile
+    ("fp8", 3, 200, 150, CFG),
+    ("int4-g32-sym", 17, 320, 150, CFG),
+    ("int4-g32", 3, 320, 150, None),  # default 256-row steps: 8 substeps of one group each
+    ("int4-g64-sym", 1, 320, 150, CFG),
+    ("int4-g64", 80, 320, 150, CFG),
+    ("int4-g128-sym", 3, 384, 150, CFG),  # a group spans two steps
+    ("int4-g128", 1, 384, 150, CFG),
+    ("int8-g32-mins", 5, 320, 150, CFG),
+])
+def test_kernel_matches_reference(scheme, m, k, n, cfg):
+    parts = _weight(scheme, k, n, seed=m)
+    x = _x(m, k, seed=m)
+    out = qk.quantized_matmul_pallas(x, *parts, config=cfg, interpret=True)
+    _check(out, quantized_matmul_reference(x, *parts))
+
+
+def test_kernel_in_fp32_matches_to_fp32_rounding():
+    """fp32 activations and weight (fp32 scales): the dequantized entries are the reference's exactly."""
+    w = jax.random.normal(jax.random.key(3), (256, 96), jnp.float32) / 16
+    q = quantize_matrix(w, Scheme.parse("int4-g64"))
+    x = _x(5, 256, dtype=jnp.float32)
+    out = qk.quantized_matmul_pallas(x, q.values, q.scales, q.mins, config=CFG, interpret=True)
+    _check(out, quantized_matmul_reference(x, q.values, q.scales, q.mins), tol=1e-5)
+
+
+@pytest.mark.parametrize("scheme,m", [("int4-g32", 3), ("int8", 1)])
+def test_kernel_reads_a_table_stored_n_by_k(scheme, m):
+    """A tied LM head: the quantized embedding table [V, H] contracted as stored."""
+    parts = _weight(scheme, 320, 150, transposed=True)
+    x = _x(m, 320)
+    out = qk.quantized_matmul_pallas(x, *parts, config=CFG, interpret=True, w_transposed=True)
+    _check(out, quantized_matmul_reference(x, *parts, w_transposed=True))
+
+
+@pytest.mark.parametrize("scheme", ["int4-g64", "fp8"])
+def test_kernel_gates_the_activation(scheme):
+    parts = _weight(scheme, 256, 256)
+    x = _x(5, 256)
+    out = qk.quantized_matmul_pallas(x, *parts, config=SkinnyConfig(block_n=64, block_k=64), interpret=True,
+                                     gated="silu")
+    assert out.shape == (5, 128)
+    _check(out, quantized_matmul_reference(x, *parts, gated="silu"), tol=2e-2)  # the gate's bf16 rounding
+
+
+def test_parts_sum_to_the_product():
+    parts = _weight("int4-g64", 320, 150)
+    x = _x(4, 320).reshape(2, 2, 320)
+    split = qk.quantized_matmul_pallas_parts(x, *parts, config=CFG, interpret=True)
+    assert split.shape == (2, 2, 2, 150) and split.dtype == jnp.float32
+    _check(split.sum(axis=0).astype(x.dtype), quantized_matmul_reference(x, *parts))
+    # where no kernel runs: [1, ...] holding the product
+    product = jax.jit(qm.quantized_matmul_parts, static_argnames="impl")(x, *parts, impl="xla")
+    np.testing.assert_array_equal(np.asarray(product), np.asarray(quantized_matmul_reference(x, *parts))[None])
+
+
+def test_dispatcher_choices_on_cpu():
+    """auto / xla: the reference, bitwise (no GPU); pallas: the kernel up to MAX_M rows, the reference
+    beyond and for groups too short for a 16-bit dot; a gate whose halves are no whole column tiles
+    composed beside the kernel's product."""
+    parts = _weight("int4-g64", 256, 176)
+    x = _x(4, 256)
+    ref = quantized_matmul_reference(x, *parts)
+    for impl in ("auto", "xla"):
+        np.testing.assert_array_equal(np.asarray(jitted_matmul(x, *parts, impl=impl)), np.asarray(ref))
+    _check(qm.quantized_matmul(x.reshape(2, 2, 256), *parts, impl="pallas").reshape(4, 176), ref)
+    # N / 2 = 88: no whole gated tiles, so the same kernel's product, then the gate
+    gate, up = jnp.split(ref, 2, axis=-1)
+    _check(qm.quantized_matmul(x, *parts, impl="pallas", gated="silu"), jax.nn.silu(gate) * up, tol=2e-2)
+    many = _x(qk.MAX_M + 1, 256)
+    np.testing.assert_array_equal(np.asarray(jitted_matmul(many, *parts, impl="pallas")),
+                                  np.asarray(quantized_matmul_reference(many, *parts)))
+    short = _weight("int4-g16", 256, 176)  # 8 K rows a nibble half: no kernel
+    with pytest.raises(ValueError, match="16-bit dot"):
+        qk.quantized_matmul_pallas(x, *short, interpret=True)
+    np.testing.assert_array_equal(np.asarray(jitted_matmul(x, *short, impl="pallas")),
+                                  np.asarray(quantized_matmul_reference(x, *short)))
+
+
+def test_bad_shapes_are_named():
+    values, scales, mins = _weight("int4-g64", 256, 96)
+    x = _x(2, 256)
+    with pytest.raises(ValueError, match="scales"):
+        qm.quantized_matmul(x, values, scales[:, :64], mins, impl="pallas")
+    with pytest.raises(ValueError, match="mins"):
+        qm.quantized_matmul(x, values, scales, mins[:2], impl="xla")
+    with pytest.raises(ValueError, match="K = 256"):
+        qm.quantized_matmul(_x(2, 128), values, scales, mins, impl="pallas")
+    with pytest.raises(ValueError, match="quantized values"):
+        qk.quantized_matmul_pallas(x, values.astype(jnp.int16), scales, mins, interpret=True)
+    with pytest.raises(ValueError, match="scales"):  # 3 groups do not divide K = 256
+        qm.quantized_matmul(x, values, scales[:3], mins[:3], impl="pallas")
+    with pytest.raises(ValueError, match="rows"):
+        qk.quantized_matmul_pallas(_x(qk.MAX_M + 1, 256), values, scales, mins, interpret=True)
+
+
+# --- lowered for CUDA (abstract H100; Pallas-level GPU errors, not the Triton compiler) ------------
+
+_S = jax.ShapeDtypeStruct
+_VALUES = {"int4": jnp.uint8, "int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
+
+
+@pytest.mark.parametrize("scheme,m,k,n,transposed,gated", [
+    ("int4-g128", 1, 4096, 6144, False, None),  # Llama-3.1-8B qkv, decode: split-K
+    ("int4-g32-sym", 5, 14336, 4096, False, None),  # down, verify rows: 8 substeps a step
+    ("int4-g64", 1, 4096, 28672, False, "silu"),  # gate | up with the gate fused
+    ("int4-g128", 80, 4096, 4096, False, None),  # o at 80 rows: one 128-row tile
+    ("int4-g128", 1, 4096, 128256, True, None),  # a tied LM head read as stored
+    ("int8", 16, 4096, 4096, False, None),
+    ("int8-g32-mins", 3, 1000 - 1000 % 32, 777, False, None),  # ragged N and K steps
+    ("fp8", 1, 4096, 128256, True, None),
+])
+def test_kernel_lowers_for_cuda(scheme, m, k, n, transposed, gated):
+    s = Scheme.parse(scheme)
+    groups = k // (s.group_size or k)
+    shape = (lambda a, b: (b, a)) if transposed else (lambda a, b: (a, b))
+    values = _S(shape(k // 2 if s.format == "int4" else k, n), _VALUES[s.format])
+    scales = _S(shape(groups, n), jnp.bfloat16)
+    extra = (scales,) if s.mins else ()
+
+    def fn(x, values, scales, *mins):
+        return qk.quantized_matmul_pallas(x, values, scales, *mins, interpret=False, w_transposed=transposed,
+                                          gated=gated)
+
+    text = lower_for_cuda(fn, _S((m, k), jnp.bfloat16), values, scales, *extra)
+    assert triton_kernel_count(text) == 1
