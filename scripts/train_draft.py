@@ -8,22 +8,25 @@ features; its mask token is the highest id the corpus never holds).
 The target stays frozen; its features are computed on the fly by the same forward jspec decodes
 with, and the head's loss runs through the drafter's own inference functions (``jspec.training``),
 unrolled over --ttt draft steps (the EAGLE-3 paper's training-time test). Training data this
-machine has offline: chat turns the target writes itself (``chat``: a greedy answer to each
-committed task prompt, then to prompts that hand it a passage to rewrite, summarise or comment -- its
+machine has offline: chat turns the target writes itself (``chat``: a greedy answer to each of
+--chat-prompts committed prompts -- several thousand everyday requests over many domains, a subset
+drawn for --seed -- then to prompts that hand it a passage to rewrite, summarise or comment -- its
 own answers and standard-library functions -- so that the head learns to copy from context; then
 --chat-samples - 1 sampled answers to all of them), and the Python standard library's source
 (``stdlib``). The loss distils the target's next-token distribution (--hard-labels: its greedy token). EAGLE-3's reduced draft vocabulary
 (--draft-vocab ids) comes from the corpus' token frequencies; MTP drafts over the whole vocabulary.
 
-Everything goes under --out: ``data.npz`` (the tokenised corpus, built once), ``checkpoint/``
+Everything goes under --out: ``data.npz`` (the tokenised corpus, built once and reused as it is,
+also by --resume; --data-file names another, so that heads of several kinds share one), ``checkpoint/``
 (the training state every --checkpoint-every steps; --resume continues from it, and a resumed run
 takes the same batches as an uninterrupted one), ``head/`` (the final head: ``config.json`` +
 ``model.safetensors``: EAGLE-3's ``LlamaForCausalLMEagle3`` layout, loadable with
 ``jspec.drafters.Eagle3.load``, or the MTP layer of a DeepSeek-V3-layout checkpoint, loadable with
 ``jspec.drafters.MTP.load`` and meant to join the target's weights, or DFlash's published layout,
 loadable with ``jspec.drafters.DFlash.load``). A progress bar shows the loss
-and the top-1 accuracy of each draft step; every --eval-every steps the held-out acceptance length
-(greedy, the benchmark's prompts) is printed. Deterministic for a --seed.
+and the top-1 accuracy of each draft step, also written every --log-every steps to ``train_log.jsonl``;
+every --eval-every steps and at the end the held-out acceptance length (greedy, the benchmark's
+prompts) is printed and recorded in ``held_out.json``. Deterministic for a --seed.
 
   .venv/bin/python scripts/train_draft.py --target smollm2-135m-instruct --out ~/.cache/jspec/heads/smollm2
 """
@@ -48,15 +51,25 @@ def _sources(text: str) -> tuple[str, ...]:
     return names
 
 
+def _count(text: str) -> int | None:
+    if text == "all":
+        return None
+    return positive_int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineErrorParser(prog=Path(__file__).name, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=DEFAULT_TARGET, help="a known model name, a GGUF file or a checkpoint "
                                                             "directory (default: %(default)s)")
     p.add_argument("--out", type=Path, required=True, help="directory for data, checkpoints and the head")
+    p.add_argument("--data-file", type=Path, help="the tokenised corpus, read if it exists, else built and "
+                                                  "written there (default: OUT/data.npz)")
     p.add_argument("--drafter", choices=("eagle3", "mtp", "dflash"), default="eagle3",
                    help="the head trained (default: %(default)s); mtp uses the target's LM head, so --draft-vocab "
                         "is ignored")
     p.add_argument("--data", type=_sources, default=("chat", "stdlib"), help="training sources (default: chat,stdlib)")
+    p.add_argument("--chat-prompts", type=_count, default=1000,
+                   help="committed chat prompts used, drawn for --seed ('all': every one; default: %(default)s)")
     p.add_argument("--chat-tokens", type=positive_int, default=192, help="tokens the target writes per chat prompt")
     p.add_argument("--chat-samples", type=positive_int, default=1,
                    help="answers per chat prompt: the greedy one, then sampled ones at --chat-temperature")
@@ -76,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                   "distil its whole next-token distribution)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW, warmup + cosine)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-every", type=positive_int, default=50, help="steps between lines of train_log.jsonl")
     p.add_argument("--eval-every", type=int, default=500, help="held-out acceptance length every N steps (0: end)")
     p.add_argument("--eval-prompts", type=positive_int, default=12, help="held-out prompts evaluated")
     p.add_argument("--eval-k", type=positive_int, default=4, help="draft tokens per round in the evaluation")
@@ -93,7 +107,7 @@ def build_data(args, target, tokenizer):
 
     from jspec import training
 
-    path = args.out / "data.npz"
+    path = args.data_file or args.out / "data.npz"
     if path.exists():
         stored = np.load(path, allow_pickle=False)
         sequences = [s.tolist() for s in np.split(stored["tokens"], stored["offsets"][1:-1])]
@@ -107,7 +121,7 @@ def build_data(args, target, tokenizer):
                     batch_size=args.generate_batch, temperature=0.0 if sample == 0 else args.chat_temperature,
                     progress=bar.update)
 
-            tasks = training.chat_prompts()
+            tasks = training.chat_prompts(args.chat_prompts, seed=args.seed)
             greedy, described = answers(tasks, 0)
             texts = (_answer_text(tokenizer, p, s) for p, s in zip(tasks, greedy))
             prose = [text for text in texts if "```" not in text]  # code answers are left to the stdlib's
@@ -126,7 +140,7 @@ def build_data(args, target, tokenizer):
         sequences += seqs
     origin["tokens"] = int(sum(len(s) for s in sequences))
     offsets = np.cumsum([0] + [len(s) for s in sequences])
-    args.out.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     np.savez(path, tokens=np.concatenate([np.asarray(s, np.int32) for s in sequences]), offsets=offsets,
              origin=json.dumps(origin))
     return sequences, origin
@@ -208,6 +222,7 @@ def main(argv=None) -> int:
     target = jspec.io.load_model(target_path, dtype=dtype)
     tokenizer = Tokenizer.from_pretrained(target_path)
     sequences, origin = build_data(args, target, tokenizer)
+    args.out.mkdir(parents=True, exist_ok=True)
     tokens, lengths = training.windows(sequences, args.width)
     if len(tokens) < args.batch:
         raise SystemExit(f"{Path(__file__).name}: error: the corpus gives {len(tokens)} windows, fewer than --batch")
@@ -232,15 +247,39 @@ def main(argv=None) -> int:
     if args.drafter == "dflash":
         metadata |= dict(block_size=args.block_size, mask_token="the highest id the corpus never holds")
     bar = tqdm(total=args.train_steps, initial=start, desc="training")
+    log, evals = args.out / "train_log.jsonl", args.out / "held_out.json"
+    record = dict(eval_k=args.eval_k, eval_prompts=args.eval_prompts, greedy=True, evals=[])
+    if args.resume:  # the records of the steps a resumed run keeps
+        if evals.exists():
+            record["evals"] = [e for e in json.loads(evals.read_text())["evals"] if e["step"] <= start]
+        if log.exists():
+            kept = [line for line in log.read_text().splitlines() if json.loads(line)["step"] <= start]
+            log.write_text("".join(f"{line}\n" for line in kept))
+    else:
+        log.unlink(missing_ok=True)
+
+    def evaluate(step, params):
+        al = held_out_acceptance(target, training.with_params(drafter, params), tokenizer, args)
+        record["evals"].append(dict(step=step, acceptance_length=round(al, 4), wall_s=round(time.time() - started, 1)))
+        evals.write_text(json.dumps(record, indent=1) + "\n")
+        return al
+
+    step = start  # counted here: reading the state's step would wait for every step to finish
 
     def after_step(state, metrics):
-        step = int(state.step)
-        acc = " ".join(f"{a:.2f}" for a in jax.device_get(metrics["accuracy"]))
-        bar.set_postfix_str(f"loss {float(metrics['total']):.3f} top-1 per step {acc}")
+        nonlocal step
+        step += 1
         bar.update(1)
+        if step % args.log_every == 0 or step == args.train_steps:  # metrics read back only here
+            accuracy = [round(float(a), 4) for a in jax.device_get(metrics["accuracy"])]
+            loss = float(metrics["total"])
+            bar.set_postfix_str(f"loss {loss:.3f} top-1 per step {' '.join(f'{a:.2f}' for a in accuracy)}")
+            with log.open("a") as f:
+                f.write(json.dumps(dict(step=step, loss=round(loss, 4), accuracy=accuracy,
+                                        wall_s=round(time.time() - started, 1))) + "\n")
         if args.eval_every and step % args.eval_every == 0 and step < args.train_steps:
-            al = held_out_acceptance(target, training.with_params(drafter, state.params), tokenizer, args)
-            tqdm.write(f"step {step}: held-out acceptance length {al:.2f} (k={args.eval_k}, greedy)")
+            tqdm.write(f"step {step}: held-out acceptance length {evaluate(step, state.params):.2f} "
+                       f"(k={args.eval_k}, greedy)")
         if step % args.checkpoint_every == 0 or step == args.train_steps:
             training.save_state(state, checkpoint, metadata=dict(metadata, wall_s=round(time.time() - started, 1)))
 
@@ -249,7 +288,9 @@ def main(argv=None) -> int:
                            callback=after_step)
     bar.close()
     trained = training.with_params(drafter, state.params)
-    al = held_out_acceptance(target, trained, tokenizer, args)
+    al = evaluate(int(state.step), state.params)
+    record["final"] = record["evals"][-1]
+    evals.write_text(json.dumps(record, indent=1) + "\n")
     print(f"held-out acceptance length {al:.2f} (k={args.eval_k}, greedy, {args.eval_prompts} prompts)")
     head = jax.tree.map(lambda x: x.astype(args.export_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
                         trained.head)
