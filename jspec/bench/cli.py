@@ -8,6 +8,7 @@ Subcommands:
   kernels   Pallas kernel benchmarks and GPU correctness checks (actions: copy-bandwidth, check,
             decode-attention, gather-rows, plot, merge, all)
   matmul    the skinny matmul: correctness, tuning sweep, weight TB/s vs XLA and cuBLAS
+  quant-matmul  the quantized skinny matmul: correctness, GPU time and TB/s vs XLA and torch's kernels
   catch-up  the EAGLE-3 round vs a decode step, and the draft catch-up with / without dead-row slicing
   accept    acceptance lengths on real model pairs and prompts (fp32), HF assisted generation as the peer
   frozen-kv the Gemma 4 assistant drafter: round vs a decode step, the seed folded into the draft
@@ -27,10 +28,11 @@ import argparse
 import os
 import sys
 
-from jspec.bench import accept, catch_up, compile, decode, frozen_kv, invariant, kernels, matmul, spec
+from jspec.bench import (accept, catch_up, compile, decode, frozen_kv, invariant, kernels, matmul, quant_matmul,
+                         spec)
 from jspec.bench.flags import apply_tiny
 
-SUBCOMMANDS = (decode, spec, compile, kernels, matmul, catch_up, frozen_kv, accept, invariant)
+SUBCOMMANDS = (decode, spec, compile, kernels, matmul, quant_matmul, catch_up, frozen_kv, accept, invariant)
 
 
 def parser() -> argparse.ArgumentParser:
