@@ -141,8 +141,10 @@ def build_data(args, target, tokenizer):
     origin["tokens"] = int(sum(len(s) for s in sequences))
     offsets = np.cumsum([0] + [len(s) for s in sequences])
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, tokens=np.concatenate([np.asarray(s, np.int32) for s in sequences]), offsets=offsets,
+    partial = path.with_name(path.name + ".partial.npz")  # whole or absent: another run may wait for it
+    np.savez(partial, tokens=np.concatenate([np.asarray(s, np.int32) for s in sequences]), offsets=offsets,
              origin=json.dumps(origin))
+    partial.replace(path)
     return sequences, origin
 
 
