@@ -31,11 +31,10 @@ class Execution:
     @property
     def fuses(self) -> bool:
         """Whether the work around a kernel (the MLP's gate, RoPE and the cache write, the residual add
-        before a norm) goes to that kernel's dispatcher, which fuses it where the kernel runs: one
-        device (a placed model's matmuls run per device, the rest beside them) and a kernel mode that
-        fuses (not ``invariant``, which keeps every op in its pinned form)."""
-        return (self.placement is None and self.mode("skinny_matmul") in ("auto", "pallas", "xla")
-                and self.mode("gather_rows") != "invariant")
+        before a norm) goes to that kernel's dispatcher, which fuses it where the kernel runs: a kernel
+        mode that fuses (not ``invariant``, which keeps every op in its pinned form). A placed model runs
+        the fused kernels per device (``jspec.parallel``)."""
+        return self.mode("skinny_matmul") in ("auto", "pallas", "xla") and self.mode("gather_rows") != "invariant"
 
     def with_kernels(self, impl: str | Kernels) -> Execution:
         return dataclasses.replace(self, kernels=Kernels.parse(impl))

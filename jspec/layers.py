@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec.execution import DEFAULT, Execution
-from jspec.parallel import split_columns
+from jspec.parallel import TensorParallel, split_columns
 from jspec.quant import QuantizedWeight, matmul, matmul_parts
 from jspec.step import Step
 from pallas_kernels.norm.add_rms_norm import add_rms_norm, sum_parts
@@ -78,6 +78,15 @@ def linear(x: jax.Array, w: jax.Array | QuantizedWeight, bias: jax.Array | None 
     return y if bias is None else y + bias.astype(y.dtype)
 
 
+def embedding(table: jax.Array | QuantizedWeight, tokens: jax.Array, placement: TensorParallel | None) -> jax.Array:
+    """The rows ``table[tokens]`` of an embedding table ``[vocab, hidden]`` -> ``[..., hidden]``; where the
+    table is placed (``placement``: its model's) each device looks up its share of the vocabulary
+    (``TensorParallel.lookup``)."""
+    if placement is None or isinstance(table, QuantizedWeight):
+        return table[tokens]
+    return placement.lookup(table, tokens)
+
+
 def check_unquantized(w, what: str) -> None:
     """``ValueError`` for a quantized ``w`` where ``what`` takes weight arrays only."""
     if isinstance(w, QuantizedWeight):
@@ -89,8 +98,8 @@ def linear_parts(x: jax.Array, w: jax.Array | QuantizedWeight, ex: Execution = D
                  split: str | None = None) -> jax.Array:
     """A branch's output projection ``x [..., in] @ w [in, out]`` as partial sums ``[splits, ..., out]``
     for :func:`add_norm`: the kernel's split-K partials where kernels fuse, else ``[1, ..., out]``
-    holding :func:`linear`'s product."""
-    if ex.fuses:
+    holding :func:`linear`'s product (a placed model's split projection: all-reduced)."""
+    if ex.fuses and (ex.placement is None or split is None):
         return matmul_parts(x, w, impl=ex.kernels)
     return linear(x, w, None, ex, split=split)[None]
 
@@ -104,10 +113,13 @@ def gated_mlp(x: jax.Array, gate_up: jax.Array | QuantizedWeight, down: jax.Arra
     ``[splits, ..., hidden]`` (:func:`linear_parts`)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown MLP activation {activation!r}: expected one of {tuple(ACTIVATIONS)}")
-    if ex.fuses:
-        hidden = matmul(x, gate_up, impl=ex.kernels, gated=activation)
+    inter = gate_up.shape[-1] // 2
+    placement = ex.placement
+    if ex.fuses and (placement is None or placement.interleaves((inter, inter))):
+        gated = functools.partial(matmul, impl=ex.kernels, gated=activation)
+        # Placed: gate_up is device-major, so each device gates its own share of the columns.
+        hidden = gated(x, gate_up) if placement is None else placement.column(gated, x, gate_up)
     else:
-        inter = gate_up.shape[-1] // 2
         gate, up = split_columns(linear(x, gate_up, None, ex, split="column"), (inter, inter), ex.placement)
         hidden = ACTIVATIONS[activation](gate) * up
     return linear_parts(hidden, down, ex, split="row")
@@ -149,8 +161,11 @@ def add_norm(residual: Residual, weight: jax.Array | None, eps: float, ex: Execu
             raise ValueError("a Residual's scale applies to its pending branch: there is none")
         return x, None if weight is None else norm(x, weight=weight)
     if ex.fuses and (weight is not None or residual.branch_norm is not None):
-        return add_rms_norm(x, branch, weight, eps, y_weight=residual.branch_norm, norm=rounding,
-                            scale=residual.scale, impl=ex.kernels)
+        def fused(x, branch, weight, branch_norm, scale):
+            return add_rms_norm(x, branch, weight, eps, y_weight=branch_norm, norm=rounding, scale=scale, impl=ex.kernels)
+
+        args = (x, branch, weight, residual.branch_norm, residual.scale)
+        return fused(*args) if ex.placement is None else ex.placement.replicated(fused, *args)
     y = sum_parts(branch, x.dtype)
     x = x + (y if residual.branch_norm is None else norm(y, weight=residual.branch_norm))
     if residual.scale is not None:
@@ -192,10 +207,17 @@ def rope_and_write(qkv: jax.Array, parts: tuple[int, ...], head_dim: int, k_buf:
     k_eq_v = len(parts) == 2
     check_norm(norms.rounding, norms.v)
     write_at = step.kv_lengths - rows
-    if ex.fuses:
-        return rope_write(qkv, step.cos, step.sin, k_buf, v_buf, write_at, num_heads=num_heads,
-                          num_kv_heads=num_kv_heads, q_norm=norms.q, k_norm=norms.k, eps=norms.eps,
-                          norm=norms.rounding, v_norm=norms.v, k_eq_v=k_eq_v, impl=ex.kernels)
+    placement = ex.placement
+    if ex.fuses and (placement is None or placement.splits_heads(num_heads, num_kv_heads)):
+        devices = 1 if placement is None else placement.size
+
+        def fused(qkv, k_buf, v_buf, cos, sin, write_at, q_norm, k_norm):  # on one device's heads
+            return rope_write(qkv, cos, sin, k_buf, v_buf, write_at, num_heads=num_heads // devices,
+                              num_kv_heads=num_kv_heads // devices, q_norm=q_norm, k_norm=k_norm, eps=norms.eps,
+                              norm=norms.rounding, v_norm=norms.v, k_eq_v=k_eq_v, impl=ex.kernels)
+
+        args = (qkv, k_buf, v_buf, step.cos, step.sin, write_at, norms.q, norms.k)
+        return fused(*args) if placement is None else placement.heads_write(fused, *args)
     q, k, *v = (x.reshape(batch, rows, -1, head_dim) for x in split_columns(qkv, parts, ex.placement))
     norm_fn = rms_norm if norms.rounding is None else rms_norm_fp32_scale
     return rope_write_heads(q, k, k if k_eq_v else v[0], step.cos, step.sin, k_buf, v_buf, write_at, q_norm=norms.q,

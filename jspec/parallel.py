@@ -1,6 +1,7 @@
 """Tensor parallelism inside the model functions: where a placed model's (``jspec.shard``) KV caches
-live, and the ``shard_map`` wrappers that run attention and the projections per device, since the
-Pallas kernels are custom calls XLA cannot partition.
+live, and the ``shard_map`` wrappers that run attention, RoPE + the cache write, the projections, the
+embedding lookup and the residual add + norm per device, since the Pallas kernels are custom calls
+XLA cannot partition (and XLA, left to partition a lookup in a split table, may gather the table).
 
 Megatron-style: column-split projections (``qkv``, ``gate_up``, the LM head) read the whole input
 and write their own output columns; row-split ones (``o``, ``down``) read their share of the input
@@ -124,6 +125,41 @@ class TensorParallel:
         w_spec = PartitionSpec(self.axis, None) if w_transposed else PartitionSpec(None, self.axis)
         return jax.shard_map(matmul, mesh=self.mesh, in_specs=(PartitionSpec(), w_spec),
                              out_specs=self._last_axis(x.ndim), check_vma=False)(x, w)
+
+    def splits_heads(self, num_heads: int, num_kv_heads: int) -> bool:
+        """Whether attention's heads divide over the devices (the caches are then split over KV heads
+        and a fused ``q | k | v`` is stored device-major)."""
+        return num_heads % self.size == 0 and num_kv_heads % self.size == 0
+
+    def heads_write(self, write, qkv, k_buf, v_buf, *rest):
+        """``write(qkv [batch, T, columns], k_buf, v_buf, *rest) -> (q [batch, T, heads, d], k_buf, v_buf)``
+        (RoPE and the cache write of a fused projection) on each device's own heads: ``qkv`` device-major,
+        the caches ``[batch, kv_heads, L, d]`` split over KV heads, ``rest`` replicated; ``write`` sees one
+        device's heads. Where :meth:`splits_heads`."""
+        cache = PartitionSpec(None, self.axis)
+        return jax.shard_map(write, mesh=self.mesh, in_specs=(self._last_axis(3), cache, cache) + (PartitionSpec(),) * len(rest),
+                             out_specs=(PartitionSpec(None, None, self.axis), cache, cache), check_vma=False)(qkv, k_buf, v_buf, *rest)
+
+    def replicated(self, fn, *args):
+        """``fn(*args)`` on every device on replicated operands: a Pallas kernel (a custom call XLA cannot
+        partition) on activations that every device holds whole, e.g. the residual add and norm."""
+        return jax.shard_map(fn, mesh=self.mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(), check_vma=False)(*args)
+
+    def lookup(self, table, ids):
+        """``table[ids]`` for a table split by its rows (an embedding's vocabulary): each device takes the
+        ids in its share (zeros for the rest) and one all-reduce of ``[..., hidden]`` sums them, exactly (one
+        non-zero term per row). Left to itself, XLA may gather the whole table onto every device."""
+        if table.shape[0] % self.size:
+            return table[ids]
+
+        def local(table, ids):
+            local_ids = ids - jax.lax.axis_index(self.axis) * table.shape[0]
+            inside = (local_ids >= 0) & (local_ids < table.shape[0])
+            rows = table[jnp.where(inside, local_ids, 0)]
+            return jax.lax.psum(jnp.where(inside[..., None], rows, jnp.zeros((), table.dtype)), self.axis)
+
+        return jax.shard_map(local, mesh=self.mesh, in_specs=(PartitionSpec(self.axis), PartitionSpec()),
+                             out_specs=PartitionSpec(), check_vma=False)(table, ids)
 
     def row(self, matmul, x, w):
         """``matmul(x [..., K], w [K, N])`` with ``w`` split by input rows: partial products all-reduced."""

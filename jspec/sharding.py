@@ -16,9 +16,10 @@ over KV heads, or replicated where its KV heads do not divide over the mesh axis
 ``speculative_generate`` and ``forward`` then run unchanged: their jitted programs take the
 placed arrays and XLA partitions them. A one-device mesh takes the same path.
 
-Attention and the split projections run per device in ``shard_map`` (``jspec.parallel``: the
-Pallas kernels are custom calls XLA cannot partition), the row-split ones all-reducing their
-partial products. The fused projections (``q | k | v``, ``gate | up``) are stored device-major
+Attention, RoPE + the cache write and the split projections run per device in ``shard_map``
+(``jspec.parallel``: the Pallas kernels are custom calls XLA cannot partition), the row-split ones
+all-reducing their partial products; the residual add + norm kernels run on every device on its
+whole copy of the activations, and the embedding lookup per device on its share of the vocabulary. The fused projections (``q | k | v``, ``gate | up``) are stored device-major
 (``jspec.parallel``): each device's column block holds its own heads' q, k and v (its share of
 gate and up), so the only collectives of a forward are the two all-reduces per layer (and the
 embedding's). With the columns in their plain order, XLA would move them between devices after

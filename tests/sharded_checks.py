@@ -71,9 +71,10 @@ def check_plain_decoding():
 
 
 def check_kernels_run_per_device():
-    """Attention (on each device's KV heads) and the split projections run inside shard_maps (the
-    Pallas kernels are custom calls XLA cannot partition), kernels included (interpret mode here);
-    where nothing divides over the mesh they run as they are."""
+    """Attention, the RoPE + cache write (on each device's KV heads), the split projections, the
+    embedding lookup and the residual add + norms run inside shard_maps (the Pallas kernels are custom
+    calls XLA cannot partition), kernels included (interpret mode here); where nothing divides over
+    the mesh they run as they are."""
     target = _target(dataclasses.replace(CONFIG, tie_word_embeddings=False))
     sharded = jspec.shard(target, jspec.tensor_parallel_mesh())
     tokens = jnp.array([[3, 1, 4, 1, 5]])
@@ -82,11 +83,15 @@ def check_kernels_run_per_device():
         jaxpr = jax.make_jaxpr(lambda m, kv: jspec.forward(m, tokens, kv))(model, model.init_cache(1, 32))
         return str(jaxpr).count("shard_map[")
 
-    # per layer: attention, qkv and gate_up (column), o and down (row); then the LM head (column)
-    assert shard_maps(sharded) == 5 * CONFIG.num_layers + 1
-    # Nothing divides by 4: 3 x 18 query columns, 1 KV head, 2 x 91 MLP columns, 97 tokens.
+    # Per layer: attention and the RoPE + cache write (per KV head), qkv and gate_up (column), o and
+    # down (row), and two residual add + norms (replicated: every device holds the activations; the
+    # first layer's input norm adds nothing). Then the embedding lookup, the last add + norm and the LM head.
+    assert shard_maps(sharded) == 8 * CONFIG.num_layers + 2
+    # Nothing divides by 4 (3 x 18 query columns, 1 KV head, 2 x 91 MLP columns, 97 tokens): only the
+    # add + norms run in shard_maps, on replicated operands.
     small = dataclasses.replace(TINY, num_heads=3, num_kv_heads=1, head_dim=18, intermediate_size=91)
-    assert shard_maps(jspec.shard(jspec.init_params(small, jax.random.key(0)), jspec.tensor_parallel_mesh())) == 0
+    assert shard_maps(jspec.shard(jspec.init_params(small, jax.random.key(0)), jspec.tensor_parallel_mesh())) == (
+        2 * small.num_layers)
     prompts = PROMPTS[:2]
     assert jspec.generate(sharded, prompts, 6, impl="pallas") == jspec.generate(target, prompts, 6, impl="pallas")
 

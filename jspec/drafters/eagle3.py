@@ -32,10 +32,10 @@ import numpy as np
 
 from jspec.drafters.hidden_state import HiddenStateDrafter, require_llama_target
 from jspec.execution import DEFAULT, Execution
-from jspec.parallel import COLUMN, ROW, split
+from jspec.parallel import COLUMN, ROW, TensorParallel, split
 from jspec.io.orbax import write_hf_directory
 from jspec.io.safetensors import TensorReader, check_tensors, checkpoint_dtype, read_json, tensor_files
-from jspec.layers import linear, rms_norm
+from jspec.layers import embedding, linear, rms_norm
 from jspec.models.base import Capture, random_matrix, random_norm_weight
 from jspec.models.llama import Layer, LlamaConfig, Model, from_hf_config, init_layer
 from jspec.models.llama.weights import layer_arrays, layer_tensors, read_layer
@@ -90,6 +90,8 @@ class Eagle3(HiddenStateDrafter):
     aux_layers: tuple[int, ...] | None = dataclasses.field(default=None, metadata=dict(static=True))
     # The target's kernels, set by bind (one impl= for target and drafter); never a placement.
     execution: Execution = dataclasses.field(default=DEFAULT, metadata=dict(static=True))
+    # The target's placement of ``embed``, set by bind: its lookups run per device.
+    table_placement: TensorParallel | None = dataclasses.field(default=None, metadata=dict(static=True))
 
     @classmethod
     def load(cls, path, *, dtype=None) -> Eagle3:
@@ -142,7 +144,7 @@ class Eagle3(HiddenStateDrafter):
         return dataclasses.replace(
             self, embed=None if self.head.embed is not None else target.embed,
             aux_layers=self.captured_layers(target.config.num_layers),
-            execution=Execution(target.execution.kernels),
+            execution=Execution(target.execution.kernels), table_placement=target.execution.placement,
         )
 
     # --- HiddenStateDrafter hooks -----------------------------------------------------
@@ -155,11 +157,12 @@ class Eagle3(HiddenStateDrafter):
     def layer_config(self) -> LlamaConfig:
         return self.head.config.layer
 
-    def _embedding(self):
-        table = self.head.embed if self.head.embed is not None else self.embed
-        if table is None:
+    def _embed(self, tokens):
+        if self.head.embed is not None:
+            return self.head.embed[tokens]
+        if self.embed is None:
             raise ValueError("Eagle3: the head has no embedding; call drafter.bind(target) first")
-        return table
+        return embedding(self.embed, tokens, self.table_placement)
 
     def fc(self, g):
         """``[..., num_aux * H_t]`` target features -> ``[..., H]``."""
@@ -172,7 +175,7 @@ class Eagle3(HiddenStateDrafter):
 
     def layer_inputs(self, tokens, g, from_target: bool):
         eps = self.layer_config.rms_norm_eps
-        e = self._embedding()[tokens].astype(self.head.norm.dtype)
+        e = self._embed(tokens).astype(self.head.norm.dtype)
         h = self.fc(g) if from_target else g
         attn_in = jnp.concatenate([rms_norm(e, self.head.layer.attn_norm, eps, self.execution),
                                    rms_norm(h, self.head.hidden_norm, eps, self.execution)], -1)

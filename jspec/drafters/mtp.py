@@ -49,10 +49,10 @@ import numpy as np
 
 from jspec.drafters.hidden_state import HiddenStateDrafter, require_llama_target
 from jspec.execution import DEFAULT, Execution
-from jspec.parallel import COLUMN, ROW, split
+from jspec.parallel import COLUMN, ROW, TensorParallel, split
 from jspec.io.orbax import write_hf_directory
 from jspec.io.safetensors import TensorReader, check_tensors, checkpoint_dtype, read_json, tensor_files
-from jspec.layers import linear, rms_norm
+from jspec.layers import embedding, linear, rms_norm
 from jspec.models.base import Capture, lm_head, random_matrix, random_norm_weight
 from jspec.models.llama import Layer, LlamaConfig, Model, from_hf_config, init_layer, to_hf_config
 from jspec.models.llama.weights import layer_arrays, layer_tensors, read_layer
@@ -92,6 +92,8 @@ class MTP(HiddenStateDrafter):
     recycled_hidden: str = dataclasses.field(default="post_norm", metadata=dict(static=True))
     # The target's kernels, set by bind (one impl= for target and drafter); never a placement.
     execution: Execution = dataclasses.field(default=DEFAULT, metadata=dict(static=True))
+    # The target's placement of ``embed`` / ``lm_head``, set by bind: their lookups and logits run per device.
+    table_placement: TensorParallel | None = dataclasses.field(default=None, metadata=dict(static=True))
 
     def __post_init__(self):
         for name in ("input_hidden", "recycled_hidden"):
@@ -128,7 +130,8 @@ class MTP(HiddenStateDrafter):
     def bind(self, target: Model) -> MTP:
         self.check_compatible(target)
         return dataclasses.replace(self, embed=target.embed, lm_head=target.lm_head,
-                                   execution=Execution(target.execution.kernels))
+                                   execution=Execution(target.execution.kernels),
+                                   table_placement=target.execution.placement)
 
     # --- HiddenStateDrafter hooks -----------------------------------------------------
 
@@ -144,7 +147,7 @@ class MTP(HiddenStateDrafter):
         if self.embed is None:
             raise ValueError("MTP: call drafter.bind(target) first (it shares the target's embedding and LM head)")
         eps, head = self.head.config.rms_norm_eps, self.head
-        e = self.embed[tokens].astype(head.norm.dtype)
+        e = embedding(self.embed, tokens, self.table_placement).astype(head.norm.dtype)
         g = g.astype(head.norm.dtype)
         normed = [rms_norm(e, head.enorm, eps, self.execution), rms_norm(g, head.hnorm, eps, self.execution)]
         x = linear(jnp.concatenate(normed, -1), head.eh_proj, None, self.execution)
@@ -157,7 +160,7 @@ class MTP(HiddenStateDrafter):
 
     def head_logits(self, x):
         h = rms_norm(x, self.head.norm, self.head.config.rms_norm_eps, self.execution)
-        return lm_head(self.embed, self.lm_head, h, self.execution)
+        return lm_head(self.embed, self.lm_head, h, dataclasses.replace(self.execution, placement=self.table_placement))
 
     def to_target(self, ids):
         return ids

@@ -16,7 +16,9 @@ import jax.numpy as jnp
 
 from jspec.models import gemma4, llama
 from jspec.execution import DEFAULT, Execution
+from jspec.layers import embedding
 from jspec.models.base import NO_CAPTURE, Capture, as_is, lm_head
+from jspec.parallel import TensorParallel
 from jspec.models.gemma4.model import embed_tokens as gemma4_embed_tokens, softcap
 from jspec.quant import MATMUL_WEIGHT, TABLE_WEIGHT
 
@@ -60,22 +62,28 @@ class TokenIO:
     lm_head: jax.Array | None = dataclasses.field(metadata=MATMUL_WEIGHT)
     embed_scale: bool = dataclasses.field(default=False, metadata=dict(static=True))
     softcap: float | None = dataclasses.field(default=None, metadata=dict(static=True))
+    placement: TensorParallel | None = dataclasses.field(default=None, metadata=dict(static=True))  # the target's
 
     def embed_tokens(self, tokens: jax.Array) -> jax.Array:
         """``tokens [...]`` -> ``[..., hidden]`` as the target embeds its input."""
-        return gemma4_embed_tokens(self.embed, tokens) if self.embed_scale else self.embed[tokens]
+        if self.embed_scale:
+            return gemma4_embed_tokens(self.embed, tokens, self.placement)
+        return embedding(self.embed, tokens, self.placement)
 
     def logits(self, h: jax.Array, ex: Execution = DEFAULT) -> jax.Array:
-        """fp32 logits ``[..., vocab]`` of final-normed rows ``h [..., hidden]``, as the target's head."""
+        """fp32 logits ``[..., vocab]`` of final-normed rows ``h [..., hidden]``, as the target's head
+        (``ex``: the caller's kernels; placed as the target is)."""
+        ex = dataclasses.replace(ex, placement=self.placement)
         return softcap(lm_head(self.embed, self.lm_head, h, ex), self.softcap)
 
 
 def token_io(model: AnyModel) -> TokenIO:
     """The :class:`TokenIO` of a target of any family."""
     if isinstance(model, gemma4.Model):
-        return TokenIO(model.embed, model.lm_head, embed_scale=True, softcap=model.config.final_logit_softcapping)
+        return TokenIO(model.embed, model.lm_head, embed_scale=True, softcap=model.config.final_logit_softcapping,
+                       placement=model.execution.placement)
     if isinstance(model, llama.Model):
-        return TokenIO(model.embed, model.lm_head)
+        return TokenIO(model.embed, model.lm_head, placement=model.execution.placement)
     raise TypeError(f"no token embedding / LM head known for {type(model).__name__}")
 
 

@@ -28,9 +28,9 @@ import numpy as np
 
 from jspec.execution import DEFAULT, Execution
 from jspec.kv import KVCache
-from jspec.parallel import COLUMN, ROW, per_head, split, split_columns
-from jspec.layers import (ACTIVATIONS, HeadNorms, Residual, add_norm, apply_rope, gated_mlp, linear, linear_parts,
-                          rope_and_write)
+from jspec.parallel import COLUMN, ROW, TensorParallel, per_head, split, split_columns
+from jspec.layers import (ACTIVATIONS, HeadNorms, Residual, add_norm, apply_rope, embedding, gated_mlp, linear,
+                          linear_parts, rope_and_write)
 from jspec.layers import rms_norm_fp32_scale as rms_norm
 from jspec.models.base import (NO_CAPTURE, Capture, as_is, check_forward_args, lm_head, random_matrix,
                                random_norm_weight)
@@ -117,10 +117,10 @@ def _scale_in_dtype(value: float, dtype) -> jax.Array:
     return jnp.asarray(np.float32(value)).astype(dtype)
 
 
-def embed_tokens(embed: jax.Array, tokens: jax.Array) -> jax.Array:
+def embed_tokens(embed: jax.Array, tokens: jax.Array, placement: TensorParallel | None = None) -> jax.Array:
     """Gemma's input embedding ``embed[tokens] * sqrt(hidden)``, scaled in the table's dtype.
     ``embed [vocab, hidden]``, ``tokens [...]`` -> ``[..., hidden]``."""
-    return embed[tokens] * _scale_in_dtype(embed.shape[1] ** 0.5, embed.dtype)
+    return embedding(embed, tokens, placement) * _scale_in_dtype(embed.shape[1] ** 0.5, embed.dtype)
 
 
 def per_layer_inputs(model: Model, tokens: jax.Array, x: jax.Array) -> jax.Array:
@@ -129,7 +129,7 @@ def per_layer_inputs(model: Model, tokens: jax.Array, x: jax.Array) -> jax.Array
     (HF ``get_per_layer_inputs`` + ``project_per_layer_inputs``)."""
     c, ple = model.config, model.ple
     shape = (*tokens.shape, c.num_layers, c.hidden_size_per_layer_input)
-    from_token = (ple.embed[tokens] * _scale_in_dtype(c.hidden_size_per_layer_input**0.5, model.dtype)).reshape(shape)
+    from_token = (embedding(ple.embed, tokens, model.execution.placement) * _scale_in_dtype(c.hidden_size_per_layer_input**0.5, model.dtype)).reshape(shape)
     from_context = linear(x, ple.projection, None, model.execution) * c.hidden_size**-0.5
     from_context = rms_norm(from_context.reshape(shape), ple.norm, c.rms_norm_eps, model.execution)
     return (from_context + from_token) * 2.0**-0.5
@@ -229,7 +229,7 @@ def forward(
         head_dim = c.head_dim if kind == SLIDING else c.global_head_dim
         steps[kind] = Step.make(positions, kv.lengths + num_rows, c.rope(kind).inv_freq(head_dim), model.dtype, ex,
                                 tree_mask=tree_mask)
-    x = embed_tokens(model.embed, tokens)  # [batch, T, hidden]
+    x = embed_tokens(model.embed, tokens, ex.placement)  # [batch, T, hidden]
     ple = None if model.ple is None else per_layer_inputs(model, tokens, x)  # [batch, T, L, P]
 
     head_rows = None  # [batch, n] rows that get logits, negative ones counted from the end (as gather_rows)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jspec.execution import DEFAULT, Execution
 from jspec.kv import KVCache
 from jspec.parallel import COLUMN, ROW, per_head, split
-from jspec.layers import HeadNorms, Residual, add_norm, gated_mlp, linear, linear_parts, rope_and_write
+from jspec.layers import HeadNorms, Residual, add_norm, embedding, gated_mlp, linear, linear_parts, rope_and_write
 from jspec.models.base import (NO_CAPTURE, Capture, as_is, check_forward_args, lm_head, random_matrix,
                                random_norm_weight)
 from jspec.models.llama.config import LlamaConfig
@@ -168,7 +168,7 @@ def forward(
     check_forward_args(tokens, capture, logits_rows, c.num_layers, tree_mask)
     step = Step.make(row_positions(kv.lengths, num_rows, tree_mask), kv.lengths + num_rows, c.rope_inv_freq(),
                      model.dtype, ex, tree_mask=tree_mask)
-    residual = Residual(model.embed[tokens])  # [batch, T, hidden]
+    residual = Residual(embedding(model.embed, tokens, ex.placement))  # [batch, T, hidden]
     residuals = {}
     caches = []
     for i, layer in enumerate(model.layers):
