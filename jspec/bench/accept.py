@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 import jspec
 from jspec.bench import plots, report
 from jspec.bench.flags import common, subcommand
-from jspec.drafters import DraftModel, Eagle3, NGram
+from jspec.drafters import DFlash, DraftModel, Eagle3, NGram
 from jspec.text import Tokenizer
 
 PROMPTS = Path(__file__).with_name("data") / "accept_prompts.json"
@@ -50,8 +50,8 @@ ROOT = Path(__file__).resolve().parents[2]
 class Experiment:
     name: str
     target: str  # a known model name, an HF directory or a GGUF file
-    drafter: str  # "draft-model" | "ngram" | "eagle3"
-    draft: str | None = None  # the draft model, or the EAGLE-3 head directory (relative to the repository)
+    drafter: str  # "draft-model" | "ngram" | "eagle3" | "dflash"
+    draft: str | None = None  # the draft model, or the EAGLE-3 / DFlash head directory (relative to the repository)
     temperature: float = 0.0
     max_ngram: int = 2  # HF prompt lookup's default n-gram size
     topk: int = 1  # > 1: a draft tree of depth ``depth`` and k nodes (no HF peer: HF drafts chains)
@@ -81,6 +81,9 @@ EXPERIMENTS = {e.name: e for e in (
     Experiment("smollm2/eagle3-tree", "smollm2-135m-instruct", "eagle3", "checkpoints/smollm2-eagle3", topk=2, depth=3),
     Experiment("smollm2/eagle3-tree-t1", "smollm2-135m-instruct", "eagle3", "checkpoints/smollm2-eagle3",
                temperature=1.0, topk=2, depth=3),
+    # The DFlash drafter trained by scripts/train_draft.py on the same corpus (k <= its block - 1).
+    Experiment("smollm2/dflash", "smollm2-135m-instruct", "dflash", "checkpoints/smollm2-dflash"),
+    Experiment("smollm2/dflash-t1", "smollm2-135m-instruct", "dflash", "checkpoints/smollm2-dflash", temperature=1.0),
 )}
 
 
@@ -120,6 +123,8 @@ def run_jspec(e: Experiment, prompts: list[dict], ks, new_tokens, seed, done, em
         drafter = NGram(max_ngram=e.max_ngram, match="earliest")
     elif e.drafter == "eagle3":
         drafter = Eagle3.load(ROOT / e.draft, dtype=jnp.float32)
+    elif e.drafter == "dflash":
+        drafter = DFlash.load(ROOT / e.draft, dtype=jnp.float32)
     else:
         drafter = DraftModel(jspec.io.load_model(e.draft, dtype=jnp.float32))
     sampling = dict(temperature=e.temperature, key=jax.random.key(seed))
@@ -205,7 +210,7 @@ def run(args) -> int:
         e = EXPERIMENTS[name]
         mine_done = {(x, k) for x, _, k, m in done if m == "speed"}
         ids = run_jspec(e, prompts, args.k, args.new_tokens, args.seed, mine_done, emit)
-        if args.hf and e.temperature == 0 and e.topk == 1 and e.drafter != "eagle3":  # HF has no EAGLE-3
+        if args.hf and e.temperature == 0 and e.topk == 1 and e.drafter not in ("eagle3", "dflash"):  # HF has neither
             mine = [dict(r, prompt_ids=ids[r["prompt"]]) for r in rows
                     if r["measure"] == "jspec" and r["experiment"] == name and r["prompt"] in ids]
             hf_done = {(x, p, k) for x, p, k, m in done if m == "hf"}
