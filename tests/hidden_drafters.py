@@ -23,14 +23,25 @@ def ragged_prompts(rng, batch, vocab):
     return [list(rng.integers(0, vocab, size=n)) for n in rng.integers(1, 21, size=batch)]
 
 
+def cut_after(tokens: list[list[int]], eos_id: int | None) -> list[list[int]]:
+    """Each sequence up to and including its first ``eos_id``: what generation stopping at EOS
+    emits (tests/test_speculative.py checks jspec.generate against it)."""
+    return [seq[: seq.index(eos_id) + 1] if eos_id in seq else seq for seq in tokens]
+
+
+def greedy_with_eos(target, prompts, eos: bool, max_new: int = MAX_NEW):
+    """``(eos_id, plain greedy tokens)``: with ``eos``, a token the plain output really emits (so some
+    sequences stop early) and the output cut there; one plain generation either way (an EOS id is
+    static, another program to compile)."""
+    plain = jspec.generate(target, prompts, max_new)
+    eos_id = plain[0][len(plain[0]) // 2] if eos else None
+    return eos_id, cut_after(plain, eos_id)
+
+
 def check_greedy_lossless(target, drafter, seed, batch, k, eos):
     rng = np.random.default_rng(seed)
     prompts = ragged_prompts(rng, batch, target.config.vocab_size)
-    eos_id = None
-    if eos:  # a token the plain output really emits, so some sequences stop early
-        plain = jspec.generate(target, prompts, MAX_NEW)
-        eos_id = plain[0][len(plain[0]) // 2]
-    expected = jspec.generate(target, prompts, MAX_NEW, eos_id=eos_id)
+    eos_id, expected = greedy_with_eos(target, prompts, eos)
     result = jspec.speculative_generate(target, drafter, prompts, MAX_NEW, num_draft_tokens=k, eos_id=eos_id)
     assert result.tokens == expected
     stats = result.stats

@@ -12,6 +12,7 @@ import pytest
 import jspec
 from jspec.drafters import MTP, DraftModel, Eagle3, NGram, init_mtp_head
 from jspec.sampling import SamplingParams, probabilities
+from tests.hidden_drafters import cut_after, greedy_with_eos
 from tests.stats import assert_cells_match, assert_matches_distribution, samples_to_detect
 from tests.tiny import dflash, eagle3_head, tiny_model
 
@@ -53,11 +54,7 @@ def test_greedy_speculative_equals_greedy(seed, batch, k, eos, kind, overrides):
     target = tiny_model(seed, **overrides)
     rng = np.random.default_rng(seed)
     prompts = _prompts(rng, batch, target.config.vocab_size, repetitive=kind == "ngram")
-    eos_id = None
-    if eos:  # a token the plain output really emits, so some sequences stop early
-        plain = jspec.generate(target, prompts, MAX_NEW)
-        eos_id = plain[0][len(plain[0]) // 2]
-    expected = jspec.generate(target, prompts, MAX_NEW, eos_id=eos_id)
+    eos_id, expected = greedy_with_eos(target, prompts, eos, MAX_NEW)
     result = jspec.speculative_generate(target, _drafter(kind, target, seed), prompts, MAX_NEW, num_draft_tokens=k, eos_id=eos_id)
     assert result.tokens == expected
     stats = result.stats
@@ -65,6 +62,17 @@ def test_greedy_speculative_equals_greedy(seed, batch, k, eos, kind, overrides):
     if kind == "self":  # the target drafting for itself accepts every draft
         assert stats["accepted"].sum() >= 0.99 * stats["drafted"].sum()
         np.testing.assert_allclose(stats["mean_acceptance_length"], k + 1)
+
+
+def test_plain_generation_stops_after_eos_which_it_includes():
+    """What the lossless tests above expect with an EOS: the plain output cut after its first EOS
+    (each EOS id compiles another program, so they cut the plain output instead of generating again)."""
+    target = tiny_model(1, qkv_bias=True)
+    prompts = _prompts(np.random.default_rng(1), 3, target.config.vocab_size)
+    plain = jspec.generate(target, prompts, MAX_NEW)
+    eos_id = plain[0][len(plain[0]) // 2]
+    with_eos = jspec.generate(target, prompts, MAX_NEW, eos_id=eos_id)
+    assert with_eos == cut_after(plain, eos_id) and len(with_eos[0]) < MAX_NEW
 
 
 def _ngram_proposal(history, length, k, **kw):
