@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import gc
 import os
 import shutil
@@ -52,21 +51,8 @@ def _free_compiled_programs():
 
 
 def _made_once_per_run(tmp_path_factory, kind: str):
-    """``hf_oracle.make(kind)``'s directory, made once per test run rather than once per xdist
-    worker (a session fixture is per process): the first worker to ask makes it under a lock in
-    the run's shared temporary directory, the others wait for it and read the same files."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the run's directory, above each worker's own
-    out = root / f"hf_{kind}"
-    with open(root / f"hf_{kind}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if not (out / ".complete").exists():
-            shutil.rmtree(out, ignore_errors=True)  # what a failed attempt left
-            out.mkdir()
-            hf_oracle.make(kind, out)
-            (out / ".complete").touch()
-    return out
+    """``hf_oracle.make(kind)``'s directory, made once per test run (hf_oracle.once_per_run)."""
+    return hf_oracle.once_per_run(tmp_path_factory, f"hf_{kind}", lambda out: hf_oracle.make(kind, out))
 
 
 @pytest.fixture(scope="session")

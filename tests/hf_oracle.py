@@ -8,8 +8,11 @@ not a skip.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,3 +43,22 @@ def make(kind: str, out_dir: Path) -> Path:
     transformers' GGUF loader); the cases are listed in tests/hf_reference/."""
     run(kind, str(out_dir))
     return out_dir
+
+
+def once_per_run(tmp_path_factory, name: str, make: Callable[[Path], object]) -> Path:
+    """The directory ``make(directory)`` fills, made once per test run rather than once per xdist
+    worker (a session or module fixture is per process, and a module's tests run on every worker):
+    the first worker to ask makes it under a lock in the run's shared temporary directory, the
+    others wait for it and read the same files. Only for directories the tests read, never write."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's directory, above each worker's own
+    out = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (out / ".complete").exists():
+            shutil.rmtree(out, ignore_errors=True)  # what a failed attempt left
+            out.mkdir()
+            make(out)
+            (out / ".complete").touch()
+    return out

@@ -25,7 +25,7 @@ from tests.tiny import eagle3_head, tiny_model
 
 @pytest.fixture(scope="module")
 def eagle3_dir(tmp_path_factory):
-    return hf_oracle.make("eagle3", tmp_path_factory.mktemp("eagle3"))
+    return hf_oracle.once_per_run(tmp_path_factory, "hf_eagle3", lambda out: hf_oracle.make("eagle3", out))
 
 
 @pytest.mark.parametrize("case", ["eagle3", "eagle3-own"])

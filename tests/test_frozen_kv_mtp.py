@@ -33,7 +33,8 @@ CASES = ["assistant-tied", "assistant-centroid"]
 def assistant_dir(tmp_path_factory):
     """Targets with KV sharing + assistants made by transformers, and their draft rounds
     (tests/hf_reference/gemma4.py, cmd_gemma4_assistant)."""
-    return hf_oracle.make("gemma4-assistant", tmp_path_factory.mktemp("gemma4_assistant"))
+    return hf_oracle.once_per_run(tmp_path_factory, "hf_gemma4_assistant",
+                                  lambda out: hf_oracle.make("gemma4-assistant", out))
 
 
 @jax.jit

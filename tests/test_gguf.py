@@ -26,7 +26,7 @@ CASES = ["gguf-llama", "gguf-qwen2", "gguf-qwen3"]
 @pytest.fixture(scope="module")
 def gguf_models(tmp_path_factory):
     """Tiny GGUF files + transformers' outputs on them (tests/hf_reference/gguf_files.py, cmd_gguf)."""
-    return hf_oracle.make("gguf", tmp_path_factory.mktemp("gguf"))
+    return hf_oracle.once_per_run(tmp_path_factory, "hf_gguf", lambda out: hf_oracle.make("gguf", out))
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -16,8 +16,8 @@ from tests import hf_oracle
 def reference(smollm2_gguf, tmp_path_factory):
     """transformers' token ids, logits and greedy tokens on real text
     (tests/hf_reference/gguf_files.py, cmd_gguf_real)."""
-    out = tmp_path_factory.mktemp("smollm2_reference")
-    hf_oracle.run("gguf-real", str(smollm2_gguf), str(out))
+    out = hf_oracle.once_per_run(tmp_path_factory, "hf_smollm2_reference",
+                                 lambda out: hf_oracle.run("gguf-real", str(smollm2_gguf), str(out)))
     ref = np.load(out / "reference.npz")
     prompts = [ref[f"prompt_{i}"].tolist() for i in range(2)]
     return dict(prompts=prompts, logits=ref["logits"], generated=[ref[f"generated_{i}"].tolist() for i in range(2)])

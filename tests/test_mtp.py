@@ -26,7 +26,7 @@ from tests.tiny import TINY, tiny_model
 
 @pytest.fixture(scope="module")
 def mtp_dir(tmp_path_factory):
-    return hf_oracle.make("mtp", tmp_path_factory.mktemp("mtp"))
+    return hf_oracle.once_per_run(tmp_path_factory, "hf_mtp", lambda out: hf_oracle.make("mtp", out))
 
 
 @pytest.mark.parametrize("case, layout", [("mtp-deepseek", "deepseek"), ("mtp-qwen", "qwen3_next")])

@@ -103,18 +103,21 @@ def write_llama3_style_gguf(path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def gguf_files(smollm2_gguf, tmp_path_factory):
-    return {"smollm2": Path(smollm2_gguf),
-            "llama3-style": write_llama3_style_gguf(tmp_path_factory.mktemp("gguf") / "llama3-style.gguf")}
+    shared = hf_oracle.once_per_run(tmp_path_factory, "llama3_style_gguf",
+                                    lambda out: write_llama3_style_gguf(out / "llama3-style.gguf"))
+    return {"smollm2": Path(smollm2_gguf), "llama3-style": shared / "llama3-style.gguf"}
 
 
 @pytest.fixture(scope="module")
 def references(gguf_files, tmp_path_factory):
     """transformers' tokenizer of each GGUF on TEXTS and CHATS, and its HF directory
     (tests/hf_reference/gguf_files.py, cmd_tokenizer)."""
-    out = tmp_path_factory.mktemp("tokenizer_reference")
-    cases = out / "cases.json"
-    cases.write_text(json.dumps(dict(texts=TEXTS, chats=CHATS)))
-    hf_oracle.run("tokenizer", str(cases), str(out), *map(str, gguf_files.values()))
+    def make(out):
+        cases = out / "cases.json"
+        cases.write_text(json.dumps(dict(texts=TEXTS, chats=CHATS)))
+        hf_oracle.run("tokenizer", str(cases), str(out), *map(str, gguf_files.values()))
+
+    out = hf_oracle.once_per_run(tmp_path_factory, "hf_tokenizer_reference", make)
     return {name: dict(json.loads((out / path.stem / "reference.json").read_text()), hf_dir=out / path.stem / "hf")
             for name, path in gguf_files.items()}
 
