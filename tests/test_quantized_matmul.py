@@ -49,6 +49,8 @@ def _check(out, ref, tol=1e-2):
 
 @pytest.mark.parametrize("scheme,m,k,n,cfg", [
     ("int8", 1, 200, 150, CFG),  # per channel, K ragged against the step
+    ("fp8", 1, 200, 150, None),  # the default one-row tiling: no dot (gemv)
+    ("int4-g32", 2, 320, 150, SkinnyConfig(64, 64, 2, gemv=True)),  # gemv over two rows and two splits
     ("int8", 80, 200, 150, None),  # the kernel's most rows: one 128-row tile
     ("fp8", 3, 200, 150, CFG),
     ("int4-g32-sym", 17, 320, 150, CFG),

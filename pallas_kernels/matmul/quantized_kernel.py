@@ -18,9 +18,9 @@ codes by one broadcast row of scales, never a per-row gather or a reshape:
   slabs, each dotted with the even / odd columns of x (x is read as pairs ``[M, K / 2, 2]``, a free
   reshape) instead of interleaving the nibbles in registers.
 
-Tilings (``quantized_config``): each step reads 128 bytes of every column of its tile (int4:
-256 K rows, 8-bit: 128), split-K until the grid holds about two programs per SM. Provisional, to be
-swept on the GPU (``python -m jspec.bench quant-matmul``).
+With a ``gemv`` tiling (one row, 8-bit) the dequantized tiles feed fp32 multiply-adds instead of a
+dot. Tilings: ``quantized_config`` (from a first sweep on an H200; ``python -m jspec.bench
+quant-matmul --sweep`` sweeps them).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ class QuantizedLoader:
     pairs = property(lambda self: self.format == "int4")
     num_refs = property(lambda self: 3 if self.mins else 2)
     bytes_per_entry = property(lambda self: 0.5 if self.format == "int4" else 1.0)
+    widened = True
 
     def substep(self, block_k: int) -> int:
         """K entries dequantized with one row of scales: the largest power of two dividing both the
@@ -81,6 +82,9 @@ class QuantizedLoader:
             value_spec = pl.BlockSpec((k_per_split // pack, block_n), lambda r, i, s: (s, i + col_tiles))
             scale_spec = pl.BlockSpec((scales.shape[0], block_n), lambda r, i, s: (0, i + col_tiles))
         return [value_spec, scale_spec] + [scale_spec] * self.mins
+
+    def slab_size(self, block_k):
+        return self.substep(block_k) // (2 if self.pairs else 1)
 
     def slabs(self, refs, step, block_k):
         values_ref, scales_ref = refs[:2]
@@ -125,8 +129,8 @@ class QuantizedLoader:
         elif self.format == "int8":
             biased = jax.lax.bitcast_convert_type(codes.astype(jnp.int32) + _F32_1P5_2P23, jnp.float32)
             q = biased - float(3 * 2**22)
-        else:
-            q = codes.astype(jnp.float32)
+        else:  # fp8 e4m3, passed as its bytes (a masked fp8 load does not lower in jax 0.11)
+            q = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn).astype(jnp.float32)
         w = q * scale.astype(jnp.float32)
         if low is not None:
             w = w + low.astype(jnp.float32)
@@ -159,16 +163,32 @@ def quantized_loader(values, scales, mins=None, *, w_transposed=False) -> tuple[
 
 
 def quantized_config(m: int, k: int, n: int, loader: QuantizedLoader, gated: bool = False) -> SkinnyConfig:
-    """The tiling for x [m, k] @ a quantized w [k, n] (module docstring); ``gated``: the tiling of the
-    fused ``[gate | up]`` product (``gated_config``)."""
-    bits = 4 if loader.format == "int4" else 8
-    block_k = min(1024 // bits, _pow2_at_least(k, _MIN_SUBSTEP[loader.format]))  # 128 bytes of a column a step
-    block_n = min(128 if m <= 32 else 64, _pow2_at_least(n, 16))  # 128-row tiles: half the accumulator columns
+    """The tiling for x [m, k] @ a quantized w [k, n]; ``gated``: the tiling of the fused
+    ``[gate | up]`` product (``gated_config``). From a sweep on an H200 (Llama-3.1-8B's o, gate|up and
+    down at M = 1; ``python -m jspec.bench quant-matmul --sweep``): 8-bit at one row without a dot
+    (``gemv``, 64-row K steps, 128 columns: 1.5-2.0 TB/s against 1.0-1.4 for the dot, which wins
+    again from a few rows); int4 with the dot, 128-row K steps (64 bytes a column) and 256 columns
+    (0.8-1.1 TB/s, 2.5x the 256-row steps); split-K until about two programs a SM."""
+    gemv = loader.format != "int4" and m == 1
+    if gemv:
+        block_k, block_n = 64, 128
+    else:
+        block_k, block_n = 128, (256 if loader.format == "int4" else 128) if m <= 32 else 64  # 128-row tiles: narrower
+    block_k = min(block_k, _pow2_at_least(k, _MIN_SUBSTEP[loader.format]))
+    block_n = min(block_n, _pow2_at_least(n, 16))
     tiles, split_k = pl.cdiv(n, block_n), 1
     while tiles * split_k < 2 * _NUM_SMS and pl.cdiv(k, 2 * split_k) >= 2 * block_k:
         split_k *= 2
-    config = SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=4, num_stages=4)
-    return gated_config(config, n) if gated else config
+    config = SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=4, num_stages=4, gemv=gemv)
+    if not gated:
+        return config
+    # No split-K under a gate: narrower column tiles (down to 32) until the grid has two programs a SM
+    # (unmeasured: to be swept with the gate fused).
+    config = gated_config(config, n)
+    block_n = config.block_n
+    while block_n > 32 and (n // 2) // block_n < 2 * _NUM_SMS and (n // 2) % (block_n // 2) == 0:
+        block_n //= 2
+    return dataclasses.replace(config, block_n=block_n)
 
 
 def kernel_takes(m: int, loader: QuantizedLoader, k: int, n: int, *, gated: bool = False) -> bool:
@@ -203,6 +223,8 @@ def _pallas(x, values, scales, mins, config, interpret, w_transposed, gated, *, 
     if config is None:
         config = quantized_config(x2.shape[0], k, n, loader, gated is not None)
     loader.check(config.block_k)
+    if loader.format == "fp8":
+        values = jax.lax.bitcast_convert_type(values, jnp.uint8)  # free: the same bytes
     arrays = (values, scales) + ((mins,) if loader.mins else ())
     out = skinny_call(x2, arrays, loader=loader, k=k, n=n, w_dtype=loader.dtype, config=config,
                       interpret=interpret_mode() if interpret is None else bool(interpret), w_transposed=w_transposed,

@@ -28,7 +28,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import pdl
-from pallas_kernels.matmul.skinny_tilings import SkinnyConfig, _pow2_at_least
+from pallas_kernels.matmul.skinny_tilings import GEMV_MAX_M, SkinnyConfig, _pow2_at_least
 
 MAX_M = 64  # the bf16 kernel's row limit; larger M (prefill) goes to XLA
 _MAX_ACCUMULATOR = 64 * 256  # fp32 accumulator elements of a program's row tiles (128 registers a thread at 4 warps)
@@ -80,6 +80,7 @@ class WeightLoader(Protocol):
     num_refs: int  # arrays the weight is stored in
     pairs: bool  # x is read as pairs [M, K / 2, 2] (the weight's K rows come as even / odd slabs)
     bytes_per_entry: float  # HBM bytes a weight entry streams (sizes the software pipeline)
+    widened: bool  # the tile is computed in registers: a dot stages it in shared memory once more
 
     def specs(self, arrays, k_per_split: int, block_n: int, col_tiles: int, w_transposed: bool) -> list:
         """BlockSpecs of ``arrays`` for grid ``(r, i, s)``; ``col_tiles`` offsets the column tile
@@ -87,6 +88,9 @@ class WeightLoader(Protocol):
 
     def slabs(self, refs, step: Step, block_k: int) -> list[Slab]:
         """The slabs of one K step at ``step.kk``."""
+
+    def slab_size(self, block_k: int) -> int:
+        """The K extent of every slab of a step."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +100,7 @@ class Plain:
     itemsize: int
     num_refs = 1
     pairs = False
+    widened = False
 
     @property
     def bytes_per_entry(self) -> float:
@@ -106,6 +111,9 @@ class Plain:
             return [pl.BlockSpec((block_n, k_per_split), lambda r, i, s: (i + col_tiles, s))]
         return [pl.BlockSpec((k_per_split, block_n), lambda r, i, s: (s, i + col_tiles))]
 
+    def slab_size(self, block_k):
+        return block_k
+
     def slabs(self, refs, step, block_k):
         (w_ref,) = refs
         rows = pl.ds(step.kk, block_k)
@@ -115,7 +123,7 @@ class Plain:
 
 
 def _kernel(*refs, loader: WeightLoader, num_w, m, k, n, block_m, m_tiles, block_k, block_n, k_per_split, mask_m,
-            mask_k, mask_n, compute_dtype, precision, w_transposed, gated):
+            mask_k, mask_n, compute_dtype, precision, w_transposed, gated, gemv):
     # refs: x, the weight's arrays (twice, gate then up, when ``gated``), out.
     # x_ref: [m_tiles * block_m, k_per_split] ([.., k_per_split / 2, 2] as pairs)
     # weight: the loader's blocks of one column tile and one split
@@ -142,6 +150,11 @@ def _kernel(*refs, loader: WeightLoader, num_w, m, k, n, block_m, m_tiles, block
             k_ok = step.k_ok(2 * slab.start, slab.size, 2)
         return load(ref, and2d(rows_ok[t], k_ok))
 
+    if gemv:
+        return _gemv(x_ref, w_refs, o_ref, loader=loader, m=m, k=k, n=n, block_k=block_k, block_n=block_n,
+                     k_per_split=k_per_split, mask_k=mask_k, col_ok=col_ok, compute_dtype=compute_dtype,
+                     w_transposed=w_transposed, gated=gated)
+
     def body(i, accs):
         kk = pl.multiple_of(i * block_k, block_k)
         step = Step(kk, pid_s * k_per_split, k, mask_k, col_ok, w_transposed, compute_dtype)
@@ -164,6 +177,47 @@ def _kernel(*refs, loader: WeightLoader, num_w, m, k, n, block_m, m_tiles, block
         else:
             out = acc[0]
         plgpu.store(o_ref.at[pl.ds(t * block_m, block_m), :], out.astype(o_ref.dtype), mask=and2d(rows_ok[t], col_ok))
+
+
+def _gemv(x_ref, w_refs, o_ref, *, loader, m, k, n, block_k, block_n, k_per_split, mask_k, col_ok, compute_dtype,
+          w_transposed, gated):
+    # The program's m rows (x_ref: [m, k_per_split], or pairs) one by one; for each row and weight an
+    # fp32 accumulator shaped like a slab's tile gathers x * w elementwise (no dot: for a row or two,
+    # staging the dequantized tile for the tensor cores costs more than the multiply-adds), reduced
+    # over K after the loop.
+    pid_s = pl.program_id(2)
+    size = loader.slab_size(block_k)
+    k_axis = 1 if w_transposed else 0
+    shape = (block_n, size) if w_transposed else (size, block_n)
+
+    def body(i, accs):
+        kk = pl.multiple_of(i * block_k, block_k)
+        step = Step(kk, pid_s * k_per_split, k, mask_k, col_ok, w_transposed, compute_dtype)
+        slabs = [loader.slabs(w, step, block_k) for w in w_refs]
+        accs = [list(a) for a in accs]
+        for j, slab in enumerate(slabs[0]):
+            for r in range(m):
+                row = jnp.int32(r)  # an index of the row, not a Python int (jax 0.12 indexers)
+                if slab.parity is None:
+                    ref, k_ok = x_ref.at[row, pl.ds(slab.start, slab.size)], step.k_ok(slab.start, slab.size)
+                else:
+                    ref = x_ref.at[row, pl.ds(slab.start, slab.size), jnp.int32(slab.parity)]
+                    k_ok = step.k_ok(2 * slab.start, slab.size, 2)
+                xr = load(ref, k_ok).astype(compute_dtype).astype(jnp.float32)
+                xr = xr[None, :] if w_transposed else xr[:, None]
+                accs[r] = [acc + xr * w_slabs[j].tile.astype(jnp.float32) for acc, w_slabs in zip(accs[r], slabs)]
+        return tuple(tuple(a) for a in accs)
+
+    zeros = tuple(tuple(jnp.zeros(shape, jnp.float32) for _ in w_refs) for _ in range(m))
+    accs = jax.lax.fori_loop(0, k_per_split // block_k, body, zeros)
+    for r, acc in enumerate(accs):
+        sums = [a.sum(axis=k_axis) for a in acc]  # [block_n] each
+        if gated:
+            gate, up = (a.astype(o_ref.dtype).astype(jnp.float32) for a in sums)
+            out = GATES[gated](gate) * up
+        else:
+            out = sums[0]
+        plgpu.store(o_ref.at[jnp.int32(r), :], out.astype(o_ref.dtype), mask=col_ok)
 
 
 def and2d(rows, cols):
@@ -202,7 +256,9 @@ def skinny_call(x, arrays, *, loader: WeightLoader, k: int, n: int, w_dtype, con
             raise ValueError(f"a gated product needs w [K, N] with N / 2 a multiple of block_n and no split-K, got "
                              f"N = {n}, {cfg}, w_transposed={w_transposed}")
         n //= 2
-    block_m = cfg.block_m or _pow2_at_least(m, 16)
+    if cfg.gemv and (m > GEMV_MAX_M or cfg.block_m is not None):
+        raise ValueError(f"a gemv tiling takes at most {GEMV_MAX_M} rows in one tile, got {m} ({cfg})")
+    block_m = m if cfg.gemv else cfg.block_m or _pow2_at_least(m, 16)
     block_k, block_n, split_k = cfg.block_k, cfg.block_n, cfg.split_k
     for name, v in (("block_k", block_k), ("block_n", block_n)):
         if v < 16 or v & (v - 1):
@@ -214,9 +270,12 @@ def skinny_call(x, arrays, *, loader: WeightLoader, k: int, n: int, w_dtype, con
     m_tiles = 1 if cfg.block_m is None else max(1, min(pl.cdiv(m, block_m),
                                                        _MAX_ACCUMULATOR // (block_m * block_n * num_w)))
     rows_per_program = m_tiles * block_m
-    num_stages = cfg.num_stages  # Triton allocates num_stages buffers of both tiles
+    # Triton allocates num_stages buffers of both tiles, and a dot of a tile widened in registers
+    # stages it once more in the compute dtype (measured: an int8 256 x 256 tiling asked for 272 KiB).
+    staged = 0 if cfg.gemv or not loader.widened else num_w * block_k * block_n * compute_dtype.itemsize
+    num_stages = cfg.num_stages
     while num_stages > 1 and (num_stages * (num_w * block_k * block_n * loader.bytes_per_entry
-                                            + rows_per_program * block_k * x.dtype.itemsize) > _SMEM_LIMIT):
+                                            + rows_per_program * block_k * x.dtype.itemsize) + staged > _SMEM_LIMIT):
         num_stages -= 1
     steps = pl.cdiv(pl.cdiv(k, split_k), block_k)
     k_per_split = steps * block_k
@@ -228,7 +287,7 @@ def skinny_call(x, arrays, *, loader: WeightLoader, k: int, n: int, w_dtype, con
         _kernel, loader=loader, num_w=num_w, m=m, k=k, n=n, block_m=block_m, m_tiles=m_tiles, block_k=block_k,
         block_n=block_n, k_per_split=k_per_split, mask_m=m % rows_per_program != 0, mask_k=split_k * k_per_split != k,
         mask_n=n % block_n != 0, compute_dtype=compute_dtype, precision=precision, w_transposed=w_transposed,
-        gated=gated)
+        gated=gated, gemv=cfg.gemv)
     if loader.pairs:  # [M, K / 2, 2]: a free reshape; the kernel reads the even and odd columns apart
         x_in = x.reshape(m, k // 2, 2)
         x_spec = pl.BlockSpec((rows_per_program, k_per_split // 2, 2), lambda r, i, s: (r, s, 0))

@@ -8,6 +8,7 @@ import math
 
 from jax.experimental import pallas as pl
 
+GEMV_MAX_M = 4  # rows a gemv tiling takes: an accumulator as large as a weight tile for each
 INVARIANT_BLOCK_M = 64  # rows per M tile of ``impl="invariant"``: a Hopper warpgroup dot (WGMMA)
 _NUM_SMS = 132  # H100 SXM; the split-K heuristic aims at a few waves of programs
 
@@ -18,7 +19,9 @@ class SkinnyConfig:
     over any number of rows (None: all rows in one tile of 16..64, padded to a power of two).
     ``ordered_splits``: add the split-K partials one after another in split order (each output
     element the same chain of adds whatever the shape) instead of XLA's reduction, whose order
-    may follow the shape."""
+    may follow the shape. ``gemv``: no dot for up to ``GEMV_MAX_M`` rows: each row's products with a
+    weight tile accumulate elementwise in fp32 (CUDA cores, the tile never staged for the tensor
+    cores), summed over K once at the end."""
 
     block_n: int = 64
     block_k: int = 256
@@ -27,6 +30,7 @@ class SkinnyConfig:
     num_stages: int = 4
     block_m: int | None = None
     ordered_splits: bool = False
+    gemv: bool = False
 
 
 # Tilings from the sweeps of the Llama-3.2-1B / 3.1-8B projection shapes as the model fuses them
