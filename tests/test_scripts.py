@@ -74,7 +74,8 @@ def test_train_draft_trains_exports_and_resumes_on_smollm2(smollm2_gguf, tmp_pat
     restores whatever pytree the checkpoint holds)."""
     args = [ROOT / "scripts" / "train_draft.py", "--out", tmp_path, "--drafter", drafter, "--data", "stdlib",
             "--stdlib-bytes", "20000", "--width", "64", "--batch", "2", "--ttt", "2", "--anchors", "4",
-            "--draft-vocab", "1024", "--eval-every", "0", "--eval-prompts", "1", "--checkpoint-every", "2"]
+            "--draft-vocab", "1024", "--eval-every", "0", "--eval-prompts", "1", "--checkpoint-every", "2",
+            "--eval-k", "1"]  # one draft a round: the held-out evaluation's 64 rounds verify 2 rows, not 5
     out = _ok(*args, "--train-steps", "2")
     assert re.search(r"held-out acceptance length \d+\.\d\d", out)
     import jax
