@@ -11,6 +11,8 @@ Subcommands:
   quant-matmul  the quantized skinny matmul: correctness, GPU time and TB/s vs XLA and torch's kernels
   catch-up  the EAGLE-3 round vs a decode step, and the draft catch-up with / without dead-row slicing
   accept    acceptance lengths on real model pairs and prompts (fp32), HF assisted generation as the peer
+  gguf-quality  a real GGUF file kept packed vs dequantized to fp32 vs llama.cpp: perplexity, parameter
+            bytes, CPU decode tokens/s
   frozen-kv the Gemma 4 assistant drafter: round vs a decode step, the seed folded into the draft
             scan vs a separate call, end to end at SGLang's acceptance lengths
   invariant speculative greedy == plain greedy token for token (bf16, random weights at real
@@ -28,11 +30,12 @@ import argparse
 import os
 import sys
 
-from jspec.bench import (accept, catch_up, compile, decode, frozen_kv, invariant, kernels, matmul, quant_matmul,
-                         spec)
+from jspec.bench import (accept, catch_up, compile, decode, frozen_kv, gguf_quality, invariant, kernels, matmul,
+                         quant_matmul, spec)
 from jspec.bench.flags import apply_tiny
 
-SUBCOMMANDS = (decode, spec, compile, kernels, matmul, quant_matmul, catch_up, frozen_kv, accept, invariant)
+SUBCOMMANDS = (decode, spec, compile, kernels, matmul, quant_matmul, catch_up, frozen_kv, accept, gguf_quality,
+               invariant)
 
 
 def parser() -> argparse.ArgumentParser:
