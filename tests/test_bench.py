@@ -26,7 +26,8 @@ from jspec.policy import round_costs_from_benchmark
 from tests.tiny import TINY_GEMMA4, eagle3_head, tiny_gemma4, tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
-SUBCOMMANDS = ["decode", "spec", "compile", "kernels", "matmul", "catch-up", "frozen-kv", "accept", "invariant"]
+SUBCOMMANDS = ["decode", "spec", "compile", "kernels", "matmul", "catch-up", "frozen-kv", "accept", "invariant",
+               "gguf-quality"]
 KERNEL_ACTIONS = ["copy-bandwidth", "check", "decode-attention", "gather-rows", "plot", "merge", "all", "draft-attention-gemma4"]
 
 
@@ -382,6 +383,19 @@ def test_confident_keeps_the_residual_stream_on_the_input_token():
     model = jax.tree.map(lambda x: x.astype(jnp.bfloat16), tiny_gemma4())
     ids = np.arange(40).reshape(2, 20)
     assert (np.argmax(jspec.score(confident(model), ids), -1) == ids).all()
+
+
+def test_gguf_quality_tiny_a_packed_file_scores_as_its_fp32_dequantization(tmp_path):
+    """A tiny Q4_1 / Q8_0 GGUF kept packed: its perplexity equals the fp32 dequantization's, in fewer bytes."""
+    out = tmp_path / "gguf.json"
+    _bench("gguf-quality", "--tiny", "--out", out)
+    result = _result(out)
+    ppl = {r["variant"]: r for r in report.rows(result, "perplexity")}
+    assert ppl["jspec-packed"]["perplexity"] == ppl["jspec-fp32"]["perplexity"] < 1000
+    (memory,) = report.rows(result, "memory")
+    assert memory["packed_bytes"] < memory["fp32_bytes"] / 4
+    assert {r["variant"] for r in report.rows(result, "decode")} == {"jspec-packed", "jspec-fp32"}
+    assert out.with_suffix(".png").is_file()
 
 
 def test_accept_summary_compares_jspec_with_the_hf_peer_per_experiment_and_k():
