@@ -386,12 +386,14 @@ def test_confident_keeps_the_residual_stream_on_the_input_token():
 
 
 def test_gguf_quality_tiny_a_packed_file_scores_as_its_fp32_dequantization(tmp_path):
-    """A tiny Q4_1 / Q8_0 GGUF kept packed: its perplexity equals the fp32 dequantization's, in fewer bytes."""
+    """A tiny Q4_1 / Q8_0 GGUF kept packed: its perplexity is the fp32 dequantization's (within fp32
+    noise), in under a quarter of the bytes."""
     out = tmp_path / "gguf.json"
     _bench("gguf-quality", "--tiny", "--out", out)
     result = _result(out)
     ppl = {r["variant"]: r for r in report.rows(result, "perplexity")}
-    assert ppl["jspec-packed"]["perplexity"] == ppl["jspec-fp32"]["perplexity"] < 1000
+    assert ppl["jspec-packed"]["perplexity"] == pytest.approx(ppl["jspec-fp32"]["perplexity"], rel=1e-5)
+    assert ppl["jspec-fp32"]["perplexity"] < 1000  # a tiny model's table of 256 ids, near uniform
     (memory,) = report.rows(result, "memory")
     assert memory["packed_bytes"] < memory["fp32_bytes"] / 4
     assert {r["variant"] for r in report.rows(result, "decode")} == {"jspec-packed", "jspec-fp32"}
