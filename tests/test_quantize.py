@@ -1,7 +1,7 @@
 """Quantized weights (``jspec.quant``): the packed layout, round-to-nearest error per scheme, every
-declared weight of every family and drafter quantized, a quantized model computing exactly what
-its dequantized self computes, lossless speculation on quantized targets with quantized drafters,
-bit-exact checkpoints, and bad input named before any compute."""
+declared weight of every family quantized, a quantized model computing exactly what its dequantized
+self computes, bit-exact checkpoints, and bad input named before any compute. Drafters:
+tests/test_quantized_drafters.py."""
 
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec.drafters import DraftModel, Eagle3, FrozenKVMTP, MTP, assistant_config, init_assistant, init_mtp_head
 from jspec.quant import QuantizedWeight, Scheme, dequantize, quantize_matrix
-from tests.hidden_drafters import check_greedy_lossless
-from tests.tiny import TINY_GEMMA4, dflash, eagle3_head, tiny_gemma4, tiny_model
+from tests.tiny import tiny_gemma4, tiny_model
 
 
 def is_quantized(x) -> bool:
@@ -94,30 +92,12 @@ def llama_target():
     return tiny_model(0, tie_word_embeddings=True)
 
 
-def _assistant_drafter(target_config, seed):
-    config = assistant_config(target_config, hidden_size=32, num_layers=3, num_heads=2,
-                              num_centroids=target_config.vocab_size, centroid_top_k=2)
-    return FrozenKVMTP(init_assistant(config, jax.random.key(seed), scale=0.3))
-
-
 def assert_every_matrix_quantized(tree, quantized):
     """Every matmul weight and table of ``tree`` is quantized in ``quantized``; norms, biases and index
     tables stay arrays."""
     assert float_matrices(tree) and float_matrices(quantized) == []
     kept = [leaf for leaf in jax.tree.leaves(quantized, is_leaf=is_quantized) if not is_quantized(leaf)]
     assert len(kept) == len(jax.tree.leaves(tree)) - len(float_matrices(tree))
-
-
-@pytest.mark.parametrize("make", [
-    lambda: Eagle3(eagle3_head(2, tiny_model(1), own_embed=True)),
-    lambda: MTP(init_mtp_head(tiny_model(1).config, jax.random.key(3), scale=0.3)),
-    lambda: DraftModel(tiny_model(4, tie_word_embeddings=True)),
-    lambda: _assistant_drafter(TINY_GEMMA4, 5),
-    lambda: dflash(tiny_model(1), seed=6),
-], ids=["eagle3", "mtp", "draft_model", "gemma4_assistant", "dflash"])
-def test_every_matmul_weight_and_table_of_a_drafter_is_quantized(make):
-    drafter = make()
-    assert_every_matrix_quantized(drafter, jspec.quantize(drafter, "int4-g8-sym"))
 
 
 def test_a_tied_table_is_quantized_once_for_lookup_and_head(llama_target):
@@ -145,16 +125,6 @@ def test_invariant_kernels_take_quantized_weights(llama_target):
     prompts = [[1, 2, 3, 4, 5]]
     np.testing.assert_allclose(jspec.score(jspec.with_kernels(quantized, "invariant"), prompts),
                                jspec.score(dequantized(quantized), prompts), rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("drafter, scheme", [
-    (lambda target: DraftModel(tiny_model(7, tie_word_embeddings=True)), "int4-g32"),
-    (lambda target: Eagle3(eagle3_head(8, target, aux=(0, 1, 1))), "int8"),
-    (lambda target: dflash(target, seed=9), "int4-g32-sym"),
-], ids=["draft_model-int4", "eagle3-int8", "dflash-int4-sym"])
-def test_greedy_speculation_is_lossless_on_quantized_models(llama_target, drafter, scheme):
-    target = jspec.quantize(llama_target, scheme)
-    check_greedy_lossless(target, jspec.quantize(drafter(llama_target), scheme), seed=0, batch=2, k=3, eos=False)
 
 
 @pytest.mark.parametrize("scheme, dtype", [("int4-g32", jnp.float32), ("fp8", jnp.bfloat16)])
