@@ -41,3 +41,31 @@ def test_the_options_are_per_compile_not_global():
     assert "WHILE" in COMMAND_BUFFER_KINDS and "CONDITIONAL" in COMMAND_BUFFER_KINDS  # the whole loop in graphs
     assert "COLLECTIVES" in COMMAND_BUFFER_KINDS  # ... under tensor parallelism too
     assert "command_buffer" not in os.environ.get("XLA_FLAGS", "")  # importing jspec set no flag
+
+
+FIRST_KERNEL_CALL = """
+import jax, jax.numpy as jnp
+import pallas_kernels
+from pallas_kernels.norm.gather_rows import gather_rows
+traces = []
+@jax.jit
+def program(x):
+    traces.append(1)
+    return x * 2
+x = jnp.ones((2, 4, 8), jnp.float32)
+program(x)
+gather_rows(x, jnp.array([1, 2]), impl="pallas")  # this process's first Pallas call (interpret mode)
+program(x)
+print(len(traces))
+"""
+
+
+def test_a_program_compiled_before_the_first_pallas_call_is_not_traced_again_after_it():
+    # The first Pallas call lowered in interpret mode imports the Pallas fuser, whose option joins
+    # JAX's tracing context; importing pallas_kernels registers it first, so the context keeps its
+    # size and the earlier program stays cached. A fresh process: the first call of this one is past.
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", FIRST_KERNEL_CALL], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == "1"  # traced once
