@@ -100,7 +100,7 @@ def test_invariant_kernels_keep_speculation_on_a_quantized_target_bitwise_in_bf1
     the quantized matmuls' invariant mode (dequantize, then the row-invariant kernel) gives every row
     the same bits in decode and verify calls. One layer and n-gram drafts keep the interpreted kernels
     few; under impl="xla" this very case differs from plain greedy (checked when it was written, jax
-    0.11 on CPU), so it tells the modes apart."""
+    0.12 on CPU), so it tells the modes apart."""
     config = dataclasses.replace(TINY, num_layers=1)
     target = jspec.quantize(jspec.init_params(config, jax.random.key(0), jnp.bfloat16, scale=0.05), "int8")
     prompts = [[5, 6, 7, 8, 9, 5, 6, 7], [1, 2, 3], [9, 8, 7, 6, 5, 4, 3, 2, 1, 9, 8]]

@@ -31,20 +31,23 @@ def resolve_model(spec, *, progress: bool = True) -> Path:
 def load_model(spec, *, dtype=None, quantized: bool = False, progress: bool = False) -> AnyModel:
     """The target ``Model`` a spec names (see ``resolve_model``): a GGUF (float32 unless
     ``dtype``; ``quantized``: its weights kept in the file's quantization, ``load_gguf``), an HF
-    checkpoint directory, or a jspec checkpoint (stored dtype; ``dtype`` casts it).
+    checkpoint directory (``quantized``: an FP8 / AWQ / GPTQ checkpoint's linears kept packed,
+    ``load_hf``), or a jspec checkpoint (stored dtype; ``dtype`` casts it).
 
-    Raises ``ValueError`` for ``quantized`` with a spec that is not a GGUF file (a checkpoint keeps
-    the weights it was saved with: ``jspec.quantize`` quantizes any model)."""
+    Raises ``ValueError`` for ``quantized`` with a jspec checkpoint or an HF checkpoint without a
+    ``quantization_config`` (a checkpoint keeps the weights it was saved with: ``jspec.quantize``
+    quantizes any model)."""
     path = resolve_model(spec, progress=progress)
-    if quantized and not path.is_file():
-        raise ValueError(f"quantized=True keeps a GGUF file's own quantization; {str(spec)!r} is a checkpoint "
-                         "directory: load it, then jspec.quantize(model, scheme)")
     if path.is_file():
         return load_gguf(path, dtype=dtype, quantized=quantized, progress=progress)
     if is_jspec_checkpoint(path):
+        if quantized:
+            raise ValueError(f"quantized=True keeps a GGUF file's own quantization (or an HF checkpoint's "
+                             f"quantization_config); {str(spec)!r} is a jspec checkpoint, which keeps the weights it "
+                             "was saved with")
         model = restore(path)
         return model if dtype is None else _cast(model, dtype)
-    return load_hf(path, dtype=dtype, progress=progress)
+    return load_hf(path, dtype=dtype, quantized=quantized, progress=progress)
 
 
 def _cast(model, dtype):

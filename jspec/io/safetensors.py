@@ -78,6 +78,8 @@ class TensorReader:
         return tuple(self._handle(name).get_slice(self._disk[name]).get_shape())
 
     def get(self, name) -> np.ndarray:
+        if self._handle(name).get_slice(self._disk[name]).get_dtype() in _RAW_DTYPES:
+            return read_raw(self._files[self._disk[name]], self._disk[name])
         return self._handle(name).get_tensor(self._disk[name])
 
     def dtype(self, name) -> np.dtype:
@@ -135,7 +137,22 @@ def checkpoint_dtype(reader: TensorReader, name: str, dtype) -> np.dtype:
 
 
 _NUMPY_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": ml_dtypes.bfloat16, "I64": "int64",
-                 "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+                 "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+                 "F8_E4M3": ml_dtypes.float8_e4m3fn}
+# Dtypes safetensors' numpy reader cannot return (it asks numpy itself for float8): read as bytes.
+_RAW_DTYPES = frozenset({"F8_E4M3"})
+
+
+def read_raw(path: Path, name: str) -> np.ndarray:
+    """Tensor ``name`` of the safetensors file ``path`` read from its bytes (the format: an 8-byte
+    little-endian header size, a JSON header of ``{name: {dtype, shape, data_offsets}}``, the data)."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        info = json.loads(f.read(size))[name]
+        lo, hi = info["data_offsets"]
+        f.seek(8 + size + lo)
+        data = f.read(hi - lo)
+    return np.frombuffer(data, _numpy_dtype(info["dtype"])).reshape(info["shape"])
 
 
 def _numpy_dtype(safetensors_dtype: str) -> np.dtype:
