@@ -2,7 +2,8 @@
 quantized here with numpy in each format's stored layout (FP8 fine-grained and compressed-tensors,
 AWQ, GPTQ v1 / v2), loaded packed (``quantized=True``) and dequantized; both equal the model whose
 weights are the format's own dequantization, written below from the formats' definitions, not
-from jspec's reader. Unsupported methods and act-order GPTQ are named before any compute."""
+from jspec's reader, and fine-grained FP8 computes transformers' logits. Unsupported methods and
+act-order GPTQ are named before any compute."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import jspec
 from jspec.models.llama.config import to_hf_config
 from jspec.models.llama.weights import layer_arrays
 from jspec.quant import QuantizedWeight, dequantize
+from tests import hf_oracle
 from tests.tiny import tiny_model
 
 GROUP = 32  # the tiny model's K (64, 96) are no multiple of the usual 128
@@ -222,3 +224,17 @@ def test_act_order_gptq_is_refused_and_quantized_needs_a_quantized_checkpoint(tm
         jspec.io.load_model(q_dir, quantized=True)
     with pytest.raises(ValueError, match="has no quantization_config"):
         jspec.io.load_model(ref_dir, quantized=True)
+
+
+def test_fine_grained_fp8_matches_transformers(tmp_path, model):
+    """transformers reads a fine-grained FP8 checkpoint on a CPU by dequantizing it (in float32 here);
+    jspec keeps it packed and computes the same logits. (compressed-tensors, AWQ and GPTQ need
+    packages the reference environment lacks: compressed-tensors, gptqmodel, optimum; those formats
+    are checked against their definitions above.)"""
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 8, 7, 6, 5, 4, 3]]
+    (tmp_path / "tokens.json").write_text(json.dumps(prompts))
+    dirs = {case: write_checkpoint(tmp_path / case, model, *CASES[case])[0] for case in ("fp8-channel", "fp8-block")}
+    hf_oracle.run("logits", str(tmp_path / "tokens.json"), *map(str, dirs.values()))
+    for q_dir in dirs.values():
+        ours = jspec.score(jspec.io.load_model(q_dir, quantized=True), prompts)
+        np.testing.assert_allclose(ours, np.load(q_dir / "transformers_logits.npy"), rtol=1e-5, atol=5e-5)

@@ -14,6 +14,7 @@ checkpoints made by transformers itself and the outputs jspec must reproduce.
   python tests/hf_reference tokenizer CASES_JSON OUT_DIR GGUF...   # GGUF tokenizers, see cmd_tokenizer
   python tests/hf_reference gguf OUT_DIR       # tiny GGUF files (GGUF_CASES) read back by transformers
   python tests/hf_reference gguf-real GGUF OUT_DIR   # a real GGUF on real text, see cmd_gguf_real
+  python tests/hf_reference logits TOKENS_JSON DIR...  # transformers' logits of checkpoints, see logits.py
 
 The cases live beside the commands: CASES in common.py, EAGLE3_CASES and MTP_CASES in drafters.py, DFLASH_CASES in dflash.py,
 GEMMA4_CASES and ASSISTANT_CASES in gemma4.py, GGUF_CASES in gguf_files.py (not gguf.py: Python
@@ -29,10 +30,11 @@ from dflash import cmd_dflash
 from drafters import cmd_eagle3, cmd_mtp
 from gemma4 import cmd_gemma4, cmd_gemma4_assistant
 from gguf_files import cmd_gguf, cmd_gguf_real, cmd_tokenizer
+from logits import cmd_logits
 
 COMMANDS = {
     "models": cmd_models, "eagle3": cmd_eagle3, "dflash": cmd_dflash, "mtp": cmd_mtp, "gemma4": cmd_gemma4, "tokenizer": cmd_tokenizer,
-    "gemma4-assistant": cmd_gemma4_assistant, "gguf": cmd_gguf, "gguf-real": cmd_gguf_real,
+    "gemma4-assistant": cmd_gemma4_assistant, "gguf": cmd_gguf, "gguf-real": cmd_gguf_real, "logits": cmd_logits,
 }
 
 if __name__ == "__main__":
