@@ -129,10 +129,11 @@ def _nibbles(words: np.ndarray) -> np.ndarray:
     return ((words.astype(np.uint32)[..., None] >> _SHIFTS) & 0xF).astype(np.uint8)
 
 
-def _int4_codes(fmt: Format, get, base: str) -> gguf_packed.Codes:
-    """An AWQ / GPTQ linear as :class:`gguf_packed.Codes` ``[N, K]`` (module docstring)."""
-    qweight, qzeros = get(f"{base}.qweight"), get(f"{base}.qzeros")
-    scales = get(f"{base}.scales").astype(np.float32)  # [K / g, N]
+def _int4_codes(fmt: Format, reader, base: str) -> gguf_packed.Codes:
+    """An AWQ / GPTQ linear as :class:`gguf_packed.Codes` ``[N, K]`` (module docstring); ``reader``:
+    a ``jspec.io.safetensors.TensorReader``."""
+    qweight, qzeros = reader.get(f"{base}.qweight"), reader.get(f"{base}.qzeros")
+    scales = reader.get(f"{base}.scales").astype(np.float32)  # [K / g, N]
     groups, n = scales.shape
     zeros = _nibbles(qzeros)  # [K / g, N / 8, 8]
     if fmt.method == "awq":
@@ -141,7 +142,7 @@ def _int4_codes(fmt: Format, get, base: str) -> gguf_packed.Codes:
     else:
         q = _nibbles(qweight).transpose(0, 2, 1).reshape(-1, n)  # [K, N]: word r's nibble i is row 8r + i
         k = q.shape[0]
-        g_idx = get(f"{base}.g_idx") if f"{base}.g_idx" in get.names else None
+        g_idx = reader.get(f"{base}.g_idx") if f"{base}.g_idx" in reader.names else None
         if g_idx is not None and not np.array_equal(g_idx, np.arange(k) // (k // groups)):
             raise ValueError(f"{base}.g_idx is not the trivial group order k // {k // groups}: act-order (desc_act) "
                              "GPTQ checkpoints are not supported")
@@ -151,13 +152,13 @@ def _int4_codes(fmt: Format, get, base: str) -> gguf_packed.Codes:
     return gguf_packed.Codes(q.T.astype(np.int8), scales.T.copy(), (-scales * zeros).T.copy(), 4)
 
 
-def _fp8_parts(fmt: Format, get, base: str) -> tuple[np.ndarray, np.ndarray]:
+def _fp8_parts(fmt: Format, reader, base: str) -> tuple[np.ndarray, np.ndarray]:
     """An fp8 linear as ``(values float8_e4m3fn [N, K], scales float32 [N, K / bk])``."""
-    values = get(f"{base}.weight")
+    values = reader.get(f"{base}.weight")
     if values.dtype != ml_dtypes.float8_e4m3fn:
         raise ValueError(f"{base}.weight is {values.dtype}, expected float8_e4m3fn beside its {fmt.scale_name}")
     n, k = values.shape
-    grid = np.asarray(get(f"{base}.{fmt.scale_name}"), np.float32)
+    grid = np.asarray(reader.get(f"{base}.{fmt.scale_name}"), np.float32)
     grid = grid.reshape(1, 1) if grid.size == 1 else grid.reshape(grid.shape[0], -1)  # per tensor: one block
     block_n, block_k = -(-n // grid.shape[0]), -(-k // grid.shape[1])
     if k % block_k or -(-n // block_n) != grid.shape[0]:
@@ -166,12 +167,12 @@ def _fp8_parts(fmt: Format, get, base: str) -> tuple[np.ndarray, np.ndarray]:
     return values, np.repeat(grid, block_n, axis=0)[:n]
 
 
-def dequantized(fmt: Format, get, base: str) -> np.ndarray:
+def dequantized(fmt: Format, reader, base: str) -> np.ndarray:
     """The float32 ``[N, K]`` the stored linear ``base`` stands for."""
     if fmt.method == "fp8":
-        values, scales = _fp8_parts(fmt, get, base)
+        values, scales = _fp8_parts(fmt, reader, base)
         return values.astype(np.float32) * np.repeat(scales, values.shape[1] // scales.shape[1], axis=1)
-    codes = _int4_codes(fmt, get, base)
+    codes = _int4_codes(fmt, reader, base)
     per_entry = lambda a: np.repeat(a, codes.group, axis=1)  # noqa: E731
     w = codes.q.astype(np.float32) * per_entry(codes.scales)
     return w if codes.mins is None else w + per_entry(codes.mins)
@@ -197,11 +198,6 @@ def getter(fmt: Format, reader, plain: Getter, dtype, *, quantized: bool) -> Get
     their format: with ``quantized``, a fused weight whose parts are all stored so is one packed
     ``QuantizedWeight`` (``get(names, True)`` a matmul weight ``[K, N]``, ``get(name)`` a table);
     otherwise, or with float parts beside them, their dequantized values as arrays of ``dtype``."""
-    def get_tensor(name):
-        return reader.get(name)
-
-    get_tensor.names = reader.names
-
     def get(names, transpose=False):
         names = (names,) if isinstance(names, str) else tuple(names)
         bases = [n.removesuffix(".weight") for n in names]
@@ -210,10 +206,10 @@ def getter(fmt: Format, reader, plain: Getter, dtype, *, quantized: bool) -> Get
             return plain(names, transpose)
         if quantized and all(packed):
             if fmt.method == "fp8":
-                return _pack_fp8([_fp8_parts(fmt, get_tensor, b) for b in bases], table=not transpose, dtype=dtype)
-            codes = gguf_packed.join([_int4_codes(fmt, get_tensor, b) for b in bases])
+                return _pack_fp8([_fp8_parts(fmt, reader, b) for b in bases], table=not transpose, dtype=dtype)
+            codes = gguf_packed.join([_int4_codes(fmt, reader, b) for b in bases])
             return gguf_packed.pack(codes, table=not transpose, dtype=dtype)
-        sources = [array_source(dequantized(fmt, get_tensor, b) if p else reader.get(n).astype(np.float32))
+        sources = [array_source(dequantized(fmt, reader, b) if p else reader.get(n).astype(np.float32))
                    for n, b, p in zip(names, bases, packed)]
         return assemble(sources, transpose=transpose, dtype=dtype)
 
