@@ -64,11 +64,11 @@ def _fp8_value(weight, scale):
     return weight.astype(np.float32) * scale  # a channel's [N, 1] or the tensor's [1] broadcasts
 
 
-def _int4(w, sym=False):
+def _int4(w, sym=False, group=GROUP):
     """4-bit codes per group of K: ``(q [N, K], zeros [N, K / g], scales fp16 [N, K / g])``; asymmetric
     zeros in 1..15 (GPTQ v1 stores zero - 1), symmetric ones all 8."""
     n, k = w.shape
-    g = w.reshape(n, k // GROUP, GROUP)
+    g = w.reshape(n, k // group, group)
     lo, hi = g.min(-1), g.max(-1)
     scales = ((np.maximum(hi, -lo) / 7.5 if sym else (hi - lo) / 15)).astype(np.float16)
     s = scales.astype(np.float32)
@@ -104,17 +104,19 @@ def _awq_value(t):
 
 def _gptq(q, zeros, scales, v1: bool):
     n, k = q.shape
+    group = k // scales.shape[1]
     qweight = _words(q.T.reshape(k // 8, 8, n).transpose(0, 2, 1))  # [K / 8, N]: word r, nibble i = row 8r + i
-    stored = (zeros - v1).T.reshape(k // GROUP, n // 8, 8)
+    stored = (zeros - v1).T.reshape(k // group, n // 8, 8)
     return {"qweight": qweight, "qzeros": _words(stored), "scales": np.ascontiguousarray(scales.T),
-            "g_idx": (np.arange(k) // GROUP).astype(np.int32)}
+            "g_idx": (np.arange(k) // group).astype(np.int32)}
 
 
 def _gptq_value(t, v1: bool):
     iq = _unpack(t["qweight"]).transpose(0, 2, 1).reshape(-1, t["qweight"].shape[1])  # [K, N]
     iz = _unpack(t["qzeros"]).reshape(t["qzeros"].shape[0], -1) + v1
     s = t["scales"].astype(np.float32)
-    return ((iq.astype(np.float32) - np.repeat(iz, GROUP, 0)) * np.repeat(s, GROUP, 0)).T
+    group = iq.shape[0] // s.shape[0]
+    return ((iq.astype(np.float32) - np.repeat(iz, group, 0)) * np.repeat(s, group, 0)).T
 
 
 def _ct_config(strategy):
@@ -136,10 +138,10 @@ def _fp8_case(per, scale_name, input_scale=False):
     return fn
 
 
-def _int4_case(method, v1=False, sym=False):
+def _int4_case(method, v1=False, sym=False, per_channel=False):
     def fn(name, w):
         base = name.removesuffix(".weight")
-        t = _awq(*_int4(w)) if method == "awq" else _gptq(*_int4(w, sym), v1=v1)
+        t = _awq(*_int4(w)) if method == "awq" else _gptq(*_int4(w, sym, w.shape[1] if per_channel else GROUP), v1=v1)
         return {f"{base}.{k}": v for k, v in t.items()}, _awq_value(t) if method == "awq" else _gptq_value(t, v1)
     return fn
 
@@ -154,6 +156,8 @@ CASES = {
                 _int4_case("gptq", v1=True)),
     "gptq-v2-sym": (dict(quant_method="gptq", bits=4, group_size=GROUP, sym=True, checkpoint_format="gptq_v2"),
                     _int4_case("gptq", sym=True)),
+    "gptq-per-channel": (dict(quant_method="gptq", bits=4, group_size=-1, sym=False, checkpoint_format="gptq_v2"),
+                         _int4_case("gptq", per_channel=True)),
 }
 
 

@@ -27,7 +27,8 @@ the checkpoint holds is read from them (the others, and the embedding, as floats
 4-bit weights become int4 with mins, ``scale * c + min`` with ``min = -scale * zero`` (symmetric
 int4 when every zero is 8): exact in float32, since a 16-bit-float scale times a 4-bit integer is
 exact there; scales and mins in a 16-bit ``dtype`` are rounded to it (the checkpoint's dtype is
-the embedding's). Group sizes must divide K.
+the embedding's; fp8 scales likewise). Group sizes must divide K (GPTQ's ``group_size`` -1: one
+group of all of K).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class Format:
     """What ``quantization_config`` says about the stored tensors."""
 
     method: str  # "fp8" (both fp8 methods), "awq" or "gptq"
-    group_size: int | None = None  # awq / gptq: K entries per scale
+    group_size: int | None = None  # awq / gptq: K entries per scale; None: all of K (gptq's -1)
     zero_offset: int = 0  # gptq v1: the stored zero is one less than the zero
     scale_name: str = "weight_scale_inv"  # fp8: the scale grid's tensor
 
@@ -73,18 +74,20 @@ def parse(cfg: dict) -> Format | None:
     if method == "fp8":
         return Format("fp8")
     if method == "compressed-tensors":
-        groups = q.get("config_groups") or {}
-        weights = [g.get("weights") or {} for g in groups.values()]
-        if q.get("format") not in ("float-quantized", "naive-quantized") or not weights or any(
+        groups = (q.get("config_groups") or {}).values()
+        weights = [g.get("weights") or {} for g in groups]
+        formats = {f for f in [q.get("format"), *(g.get("format") for g in groups)] if f is not None}
+        if not formats <= {"float-quantized", "naive-quantized"} or not weights or any(
                 w.get("type") != "float" or w.get("num_bits") != 8 for w in weights):
             raise ValueError(f"compressed-tensors checkpoints are read with 8-bit float weights only (format "
-                             f"'float-quantized'); this one has format {q.get('format')!r} and weights {weights}")
+                             f"'float-quantized'); this one has format {sorted(formats)} and weights {weights}")
         return Format("fp8", scale_name="weight_scale")
     if int(q.get("bits", 4)) != 4:
         raise ValueError(f"{method} checkpoints are read with 4-bit weights only, got bits={q.get('bits')}")
     group = int(q.get("group_size", 128))
-    if group < 1:
-        raise ValueError(f"{method} with group_size {group} (one group over all of K) is not supported")
+    if group < 1 and group != -1:
+        raise ValueError(f"{method} group_size {group} is not supported (a positive size, or -1: all of K)")
+    group = None if group == -1 else group
     if method == "awq":
         version = str(q.get("version", "gemm")).lower()
         if version != "gemm" or not q.get("zero_point", True):
@@ -113,7 +116,7 @@ def expected_tensors(fmt: Format, expected: dict[str, tuple], reader) -> dict[st
             extra = [s for s in (f"{base}.{fmt.scale_name}", f"{base}.input_scale") if s in names]
             out |= {name: shape} | {s: reader.shape(s) for s in extra}
             continue
-        g = fmt.group_size
+        g = fmt.group_size or k
         if k % g or n % 8 or k % 8:
             raise ValueError(f"{base}: {fmt.method} group size {g} does not divide K = {k}, or N = {n} / K is not a "
                              "multiple of 8")
