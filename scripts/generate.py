@@ -13,8 +13,8 @@ for token. In bfloat16 the verify pass (k+1 rows at once) and the one-row decode
 differently, so the outputs may part ways after a near tie (the library's ``impl="invariant"``
 removes that; this script runs the default kernels).
 
-``--weights`` says how the matrices are held: on a GPU a quantized GGUF file keeps its own
-quantization packed by default (``file``: exact against its dequantized weights, a fraction of
+``--weights`` says how the matrices are held: on a GPU a quantized GGUF file or HF checkpoint (FP8,
+AWQ, GPTQ) keeps its own quantization packed by default (``file``: exact against its dequantized weights, a fraction of
 their bytes); ``int8`` / ``fp8`` / ``int4`` quantize any model at load (``jspec.quantize``, round to
 nearest); ``bfloat16`` dequantizes to bfloat16 arrays.
 """
@@ -89,10 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="parameter dtype (default: float32, or bfloat16 with --weights bfloat16; bfloat16 "
                              "speculation is not exact yet)")
     parser.add_argument("--weights", choices=WEIGHTS, default=None,
-                        help="the matrices of the target and draft model: 'file' keeps a GGUF file's own quantization "
-                             "packed (exact against its dequantized weights; checkpoints load as stored), 'bfloat16' "
+                        help="the matrices of the target and draft model: 'file' keeps a GGUF file's or an HF checkpoint's "
+                             "own quantization packed (exact against its dequantized weights), 'bfloat16' "
                              "dequantized to bfloat16 arrays, 'int8' / 'fp8' / 'int4' quantized at load "
-                             "(jspec.quantize) (default: 'file' on a GPU for a quantized GGUF, else arrays in --dtype)")
+                             "(jspec.quantize) (default: 'file' on a GPU for a quantized model, else arrays in --dtype)")
     return parser
 
 
@@ -200,19 +200,31 @@ def _load_weights(path, args):
     import jspec
     from jspec.io import load_model
 
-    model = load_model(path, dtype=jnp.dtype(args.dtype), quantized=args.weights == "file" and path.is_file())
+    model = load_model(path, dtype=jnp.dtype(args.dtype), quantized=args.weights == "file" and _stored_quantized(path))
     return jspec.quantize(model, args.weights) if args.weights in ("int8", "fp8", "int4") else model
 
 
+def _stored_quantized(path) -> bool:
+    """Whether the file or checkpoint at ``path`` holds quantized matrices that can stay packed: a GGUF
+    with such types, or an HF directory whose ``config.json`` has a ``quantization_config`` (FP8,
+    AWQ, GPTQ)."""
+    import json
+
+    from jspec.io.gguf import keeps_packed
+
+    if path.is_file():
+        return keeps_packed(path)
+    config = path / "config.json"
+    return config.exists() and "quantization_config" in json.loads(config.read_text())
+
+
 def _default_weights(model: str) -> str | None:
-    """'file' on a GPU for a GGUF whose quantization can stay packed; else None (arrays in --dtype)."""
+    """'file' on a GPU for a model whose quantization can stay packed; else None (arrays in --dtype)."""
     import jax
 
     from jspec.io import resolve_model
-    from jspec.io.gguf import keeps_packed
 
-    path = resolve_model(model)
-    return "file" if jax.devices()[0].platform == "gpu" and path.is_file() and keeps_packed(path) else None
+    return "file" if jax.devices()[0].platform == "gpu" and _stored_quantized(resolve_model(model)) else None
 
 
 def run(args) -> None:

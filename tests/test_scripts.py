@@ -197,7 +197,7 @@ def test_weights_packed_from_the_file_or_quantized_at_load(generate, tmp_path, c
     assert f"weights: {weights}," in out and "identical to plain decoding: yes" in out
 
 
-def test_a_gpu_runs_a_quantized_gguf_packed_by_default(generate, tmp_path, monkeypatch):
+def test_a_gpu_runs_a_quantized_file_packed_by_default(generate, tmp_path, monkeypatch):
     import types
 
     import jax
@@ -208,4 +208,7 @@ def test_a_gpu_runs_a_quantized_gguf_packed_by_default(generate, tmp_path, monke
     stuck = tiny_model_file(tmp_path / "q2k.gguf", retype={"blk.1.ffn_down.weight": "Q2_K"})  # cannot stay packed
     assert generate._default_weights(str(packable)) is None  # on the CPU: arrays, as before
     monkeypatch.setattr(jax, "devices", lambda: [types.SimpleNamespace(platform="gpu")])
-    assert [generate._default_weights(str(m)) for m in (packable, stuck, TINY)] == ["file", None, None]
+    fp8 = tmp_path / "fp8"  # an HF checkpoint quantized by another tool: its config says so
+    fp8.mkdir()
+    (fp8 / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "fp8"}}))
+    assert [generate._default_weights(str(m)) for m in (packable, stuck, TINY, fp8)] == ["file", None, None, "file"]
