@@ -17,8 +17,9 @@ kept packed (``jspec.load_gguf(path, quantized=True)``) and dequantized to float
 
 The peer (``--llama-cpp-python PATH``: an interpreter with ``llama-cpp-python``) runs
 ``jspec/bench/llama_cpp_peer.py`` in a subprocess on the same file and the same token ids: the same
-windows (its logits of every position, ``logits_all``) and the same greedy decode, on ``--threads``
-threads. ``--tiny`` writes a tiny 2-layer Llama GGUF (Q4_1 matrices, a Q8_0 table) and scores ids
+windows (its logits of every position, ``logits_all``) and the same greedy decode, once for each of
+``--threads`` (decode rows ``llama.cpp-<N>t``: on cores other work shares, llama.cpp's OpenMP threads
+wait on each other, and one thread can beat two). ``--tiny`` writes a tiny 2-layer Llama GGUF (Q4_1 matrices, a Q8_0 table) and scores ids
 made of the passage's first 256 bytes; llama.cpp is not run on it (the file has no vocabulary).
 
   python -m jspec.bench gguf-quality --out benchmarks/gguf_quality_cpu.json \\
@@ -111,7 +112,8 @@ def decode_row(model_name, variant, timing_s: list[float] | None, tokens, prompt
     timing = timing or Timing.of(timing_s)
     row = dict(measure="decode", model=model_name, variant=variant, batch=1, prompt_tokens=prompt_len,
                new_tokens=new_tokens, tokens_per_s=new_tokens / timing.median_s,
-               timings={"generate": timing.as_dict("s")}, tokens=list(tokens))
+               timings={"generate": timing.as_dict("s")}, tokens=list(tokens),
+               load_average_1min=os.getloadavg()[0])  # the cores are shared: what else ran beside it
     if reference is not None:
         row.update(first_difference_vs_fp32=first_difference(list(tokens), list(reference)))
     return row
@@ -203,12 +205,15 @@ def measure_model(name: str, path: Path, args, emit) -> None:
               fp32_bytes=plain, packed_over_file=packed / file_bytes, fp32_over_packed=plain / packed,
               load_s={v: r["load_s"] for v, r in results.items()}))
     if args.llama_cpp_python and name != "tiny":
-        peer = run_peer(args.llama_cpp_python, path, windows, prompt, args.new_tokens, args.repeats, args.threads)
+        peer = run_peer(args.llama_cpp_python, path, windows, [], 0, 0, max(args.threads))
         nll = np.concatenate([np.asarray(w["nll"]) for w in peer["windows"]])
         top = np.concatenate([np.asarray(w["argmax"]) for w in peer["windows"]])
-        emit(perplexity_row(name, PEER, nll, top, windows, args.context, reference, threads=args.threads))
-        emit(decode_row(name, PEER, peer["decode"]["seconds"], peer["decode"]["tokens"], len(prompt),
-                        args.new_tokens, results["jspec-fp32"]["tokens"]))
+        emit(perplexity_row(name, PEER, nll, top, windows, args.context, reference, threads=max(args.threads)))
+        for threads in args.threads:
+            decode = run_peer(args.llama_cpp_python, path, [], prompt, args.new_tokens, args.repeats, threads)["decode"]
+            row = decode_row(name, f"{PEER}-{threads}t", decode["seconds"], decode["tokens"], len(prompt),
+                             args.new_tokens, results["jspec-fp32"]["tokens"])
+            emit(dict(row, threads=threads))
 
 
 def summary(rows: list[dict]) -> list[dict]:
@@ -232,14 +237,16 @@ def summary(rows: list[dict]) -> list[dict]:
 def plot(rows: list[dict], path) -> None:
     plt = report.pyplot()
     models = list(dict.fromkeys(r["model"] for r in rows if r["measure"] != "summary"))
-    variants = [*VARIANTS, PEER]
+    peers = sorted({r["variant"] for r in rows if r["measure"] == "decode" and r["variant"].startswith(PEER)})
+    palette = iter(("tab:green", "tab:olive", "tab:cyan", "tab:purple"))
     colors = {"jspec-packed": "tab:blue", "jspec-fp32": "tab:orange", PEER: "tab:green"}
+    colors |= {v: next(palette, "tab:grey") for v in peers}
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-    width = 0.8 / len(variants)
-    for measure, ax in (("perplexity", axes[0]), ("decode", axes[2])):
+    for measure, ax, variants in (("perplexity", axes[0], [*VARIANTS, PEER]), ("decode", axes[2], [*VARIANTS, *peers])):
+        width = 0.8 / len(variants)
         for j, v in enumerate(variants):
             got = {r["model"]: r for r in rows if r["measure"] == measure and r["variant"] == v}
-            xs = [i + (j - 1) * width for i, m in enumerate(models) if m in got]
+            xs = [i + (j - (len(variants) - 1) / 2) * width for i, m in enumerate(models) if m in got]
             if not xs:
                 continue
             if measure == "perplexity":  # relative to fp32's, labelled with the perplexity itself
@@ -261,7 +268,7 @@ def plot(rows: list[dict], path) -> None:
     for j, (key, label, color) in enumerate((("file_bytes", "GGUF file", "tab:grey"),
                                              ("packed_bytes", "jspec packed", "tab:blue"),
                                              ("fp32_bytes", "jspec fp32", "tab:orange"))):
-        bars = axes[1].bar([i + (j - 1) * width for i in range(len(models))], [r[key] / 1e6 for r in mem], width,
+        bars = axes[1].bar([i + (j - 1) * 0.27 for i in range(len(models))], [r[key] / 1e6 for r in mem], 0.27,
                            label=label, color=color)
         axes[1].bar_label(bars, fmt="%.3g", fontsize=7)
     axes[1].set_xticks(range(len(models)), models, fontsize=8)
@@ -280,7 +287,9 @@ def run(args) -> int:
              "jspec/bench/data/perplexity_passage.json (jspec's tokenizer, no BOS), every token but a window's first "
              "scored, float64 log-softmax; memory = bytes of the parameter pytree; decode = greedy batch 1, "
              f"{args.new_tokens} new tokens after {args.prompt_tokens} prompt ids, prefill included, median of "
-             f"{args.repeats} after a warm-up; llama.cpp via llama-cpp-python on {args.threads} threads, fed the same ids")
+             f"{args.repeats} after a warm-up; llama.cpp via llama-cpp-python fed the same ids, decoding on "
+             f"{' and '.join(map(str, args.threads))} thread(s) (OpenMP); the cores may be shared (each decode row "
+             "records the load average)")
 
     def emit(row):
         rows.append(row)
@@ -311,7 +320,8 @@ def register(subparsers):
     s.add_argument("--context", type=int, default=512, help="tokens a perplexity window (default 512)")
     s.add_argument("--prompt-tokens", type=int, default=32, help="decode prompt: the passage's first N ids")
     s.add_argument("--new-tokens", type=int, default=128)
-    s.add_argument("--threads", type=int, default=os.cpu_count(), help="llama.cpp's threads (default: all cores)")
+    s.add_argument("--threads", type=int, nargs="+", default=[1, os.cpu_count()] if os.cpu_count() > 1 else [1],
+                   help="llama.cpp's decode threads, one run each (default: 1 and all cores); the scoring uses the most")
     s.add_argument("--llama-cpp-python", metavar="PYTHON", default=None,
                    help="an interpreter with llama-cpp-python: also run llama.cpp on the same file and ids")
     return s

@@ -38,6 +38,7 @@ def nll_of(logits, ids):
 
 def main() -> int:
     import numpy as np
+    import llama_cpp
     from llama_cpp import Llama
 
     request = json.load(sys.stdin)
@@ -59,12 +60,17 @@ def main() -> int:
         llm = Llama(model_path=request["model"], n_ctx=len(prompt) + n, n_batch=len(prompt), logits_all=False,
                     n_threads=threads, n_threads_batch=threads, verbose=False)
 
+        vocab = llm.n_vocab()
+
+        def last_logits():  # without logits_all, llama-cpp-python keeps no scores: read the context's last row
+            return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))
+
         def greedy() -> list[int]:
             llm.reset()
             llm.eval(prompt)
             tokens = []
             while True:
-                tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+                tokens.append(int(np.argmax(last_logits())))
                 if len(tokens) == n:
                     return tokens
                 llm.eval(tokens[-1:])
