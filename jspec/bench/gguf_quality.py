@@ -19,7 +19,7 @@ The peer (``--llama-cpp-python PATH``: an interpreter with ``llama-cpp-python``)
 ``jspec/bench/llama_cpp_peer.py`` in a subprocess on the same file and the same token ids: the same
 windows (its logits of every position, ``logits_all``) and the same greedy decode, once for each of
 ``--threads`` (decode rows ``llama.cpp-<N>t``: on cores other work shares, llama.cpp's OpenMP threads
-wait on each other, and one thread can beat two). ``--tiny`` writes a tiny 2-layer Llama GGUF (Q4_1 matrices, a Q8_0 table) and scores ids
+wait on each other, and one thread can beat two). Resumable: a model whose rows are already in ``--out`` is not run again. ``--tiny`` writes a tiny 2-layer Llama GGUF (Q4_1 matrices, a Q8_0 table) and scores ids
 made of the passage's first 256 bytes; llama.cpp is not run on it (the file has no vocabulary).
 
   python -m jspec.bench gguf-quality --out benchmarks/gguf_quality_cpu.json \\
@@ -281,7 +281,8 @@ def plot(rows: list[dict], path) -> None:
 
 def run(args) -> int:
     out = Path(args.out)
-    rows: list[dict] = []
+    rows = [r for r in report.read(out)["rows"] if r["measure"] != "summary"] if out.exists() else []
+    done = {r["model"] for r in rows if r["measure"] == "memory" and r["model"] != "tiny"}
     env = report.environment(np.float32, args.seed, weights="real GGUF files: " + ", ".join(args.models))
     notes = (f"CPU, {os.cpu_count()} cores; perplexity over non-overlapping windows of {args.context} token ids of "
              "jspec/bench/data/perplexity_passage.json (jspec's tokenizer, no BOS), every token but a window's first "
@@ -297,7 +298,7 @@ def run(args) -> int:
         report.write(out, report.result("gguf-quality", args.argv, env, rows + summary(rows), notes=notes))
 
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models:
+        for name in (m for m in args.models if m not in done):
             path = tiny_gguf(Path(tmp) / "tiny.gguf") if name == "tiny" else jspec.io.resolve_model(name)
             measure_model(name, Path(path), args, emit)
     plot(rows, out.with_suffix(".png"))
