@@ -23,7 +23,7 @@ wait on each other, and one thread can beat two). Resumable: a model whose rows 
 made of the passage's first 256 bytes; llama.cpp is not run on it (the file has no vocabulary).
 
   python -m jspec.bench gguf-quality --out benchmarks/gguf_quality_cpu.json \\
-      --models smollm2-135m-instruct --llama-cpp-python /tmp/llamacpp-venv/bin/python
+      --llama-cpp-python /tmp/llamacpp-venv/bin/python   # SmolLM2-135M (Q4_1) and Qwen2.5-Coder-0.5B
 """
 
 from __future__ import annotations
@@ -315,7 +315,7 @@ def register(subparsers):
                                                     "perplexity, parameter bytes, CPU decode tokens/s",
                    description=__doc__, run=run, parents=[parent],
                    tiny=dict(models=["tiny"], context=32, new_tokens=8, prompt_tokens=8, repeats=1))
-    s.add_argument("--models", nargs="+", default=["smollm2-135m-instruct"],
+    s.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"],
                    help="known model names or .gguf files ('tiny': a tiny random file written on the fly)")
     s.add_argument("--passage", default=str(PASSAGE), help="the text, JSON with a 'text' (default: the committed one)")
     s.add_argument("--context", type=int, default=512, help="tokens a perplexity window (default 512)")
