@@ -85,6 +85,32 @@ def test_decode_loop_only_times_the_loop_alone(tmp_path):
         _bench("decode", "--tiny", "--out", out, "--targets", "tiny", "--loop-only", "--verify-rows", "3")
 
 
+def test_decode_compares_weight_formats_and_times_several_verify_widths(tmp_path):
+    """--weights: one row per format, each against its own roofline (a quantized step reads fewer
+    bytes); --verify-rows: a verify forward per width, each beside the step."""
+    out = tmp_path / "decode.json"
+    _bench("decode", "--tiny", "--out", out, "--targets", "tiny", "--weights", "bf16", "int8", "int4-g32",
+           "--verify-rows", "2", "3")
+    rows = report.rows(_result(out), "decode")
+    assert [r["weights"] for r in rows] == ["bf16", "int8", "int4-g32"]
+    assert rows[0]["weight_bytes"] > rows[1]["weight_bytes"] > rows[2]["weight_bytes"]
+    assert all([v["rows"] for v in r["verify"]] == [2, 3] and all(v["verify_ms"] > 0 for v in r["verify"])
+               for r in rows)
+    with pytest.raises(SystemExit):  # argparse names the unknown scheme
+        _bench("decode", "--tiny", "--out", out, "--weights", "int3")
+
+
+def test_a_quantized_preset_is_the_quantized_bf16_preset():
+    """Made a layer at a time (a 70B-shaped int4 model never exists in bf16), the same values."""
+    from jspec.bench.presets import init_quantized
+
+    made = init_quantized(jspec.bench.presets.PRESETS["tiny"], jax.random.key(0), jnp.bfloat16, "int4-g32")
+    expected = jspec.quantize(jspec.init_params(jspec.bench.presets.PRESETS["tiny"], jax.random.key(0),
+                                                jnp.bfloat16), "int4-g32")
+    assert jax.tree.structure(made) == jax.tree.structure(expected)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(made), jax.tree.leaves(expected)))
+
+
 def test_a_compile_cache_keeps_the_programs_and_the_json_says_where(tmp_path):
     """--compile-cache DIR: every compiled program lands in DIR (a rerun loads it); its own process,
     since JAX's cache is process-wide."""
@@ -117,6 +143,16 @@ def test_spec_tiny_controlled_acceptance_accepts_everything_at_alpha_1(tmp_path)
     assert {r["k"] for r in report.rows(result, "policy")} <= {0, 2}
     assert round_costs_from_benchmark(out) == {1: {2: round_["overhead_ratio"]}}  # what jspec.policy reads
     assert out.with_suffix(".png").exists()
+
+
+def test_spec_quantizes_the_target_and_the_drafter_with_weights(tmp_path):
+    """--weights int4-g32: an int4 EAGLE-3 head on an int4 target, the round's bound from packed bytes."""
+    out = tmp_path / "spec.json"
+    _bench("spec", "--tiny", "--out", out, "--drafter", "eagle3", "--weights", "int4-g32", "--stages-k", "--alpha")
+    (round_,) = report.rows(_result(out), "round")
+    assert round_["weights"] == "int4-g32" and round_["overhead_ratio"] > 0
+    with pytest.raises(SystemExit, match="quantized weights are not placed on a mesh"):
+        _bench("spec", "--tiny", "--out", out, "--weights", "int8", "--tp", "2")
 
 
 def test_spec_tiny_end_to_end_at_the_policys_k(tmp_path, monkeypatch):

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from jspec import engine
 from jspec.execution import with_kernels
 from jspec.bench import plots, report
-from jspec.bench.flags import add_tp, common, mesh_of, subcommand, tree_arg
+from jspec.bench.flags import add_tp, add_weights, common, mesh_of, subcommand, tree_arg
 from jspec.bench.presets import GREEDY, is_tiny, load_target, preset_names, random_prompts, weights_note
 from jspec.bench.roofline import copy_bandwidth, kv_bytes_per_step, weight_bytes_per_step
 from jspec.bench.timing import Timing, gpu_kernel_times, time_fn
@@ -31,8 +31,10 @@ from jspec.models import forward
 from jspec.models.base import NO_CAPTURE
 from jspec.tree import DraftTree
 
-NOTES = ("ms_per_token: generate's on-device while loop, (T(n) - T(1)) / (n - 1) of medians; step_profile / "
-         "verify_profile: the GPU kernels of one dispatched forward of 1 / --verify-rows rows (profiler: total ms, "
+NOTES = ("weights: the format of every matmul weight and table (bf16, or quantized round to nearest by "
+         "jspec.quantize on the device); weight_bytes: the bytes a step reads in it, so roofline_fraction is against "
+         "the format's own roofline; ms_per_token: generate's on-device while loop, (T(n) - T(1)) / (n - 1) of medians; step_profile / "
+         "verify[].profile: the GPU kernels of one dispatched forward of 1 / each --verify-rows rows (profiler: total ms, "
          "count, NCCL ms under --tp, the top kernels by time), since the profiler does not see the kernels inside the "
          "while loop; verify_ms: wall time of that verify forward (all logits)")
 
@@ -158,18 +160,19 @@ def run(args):
 
     mesh = mesh_of(args.tp)
     for preset in tqdm(args.targets, desc="targets"):
-        model = load_target(preset, dtype, args.seed, mesh)
-        weights = weight_bytes_per_step(model)
-        for batch in args.batch:
-            for context in args.context:
-                for impl in args.impl:
-                    rows.append(_row(model, preset, weights, bw, batch, context, impl, args))
-                    save()
-        del model
+        for fmt in args.weights:
+            model = load_target(preset, dtype, args.seed, mesh, weights=fmt)
+            weights = weight_bytes_per_step(model)
+            for batch in args.batch:
+                for context in args.context:
+                    for impl in args.impl:
+                        rows.append(dict(_row(model, preset, weights, bw, batch, context, impl, fmt, args), weights=fmt))
+                        save()
+            del model
     plots.decode(rows, Path(args.out).with_suffix(".png"))
 
 
-def _row(model, preset, weights, bw, batch, context, impl, args):
+def _row(model, preset, weights, bw, batch, context, impl, fmt, args):
     per_token, short, long = measure_decode_loop(
         model, batch, context, steps=args.steps, impl=impl, repeats=args.repeats
     )
@@ -182,7 +185,7 @@ def _row(model, preset, weights, bw, batch, context, impl, args):
         prefill_plus_first_token_ms=short.median_s * 1e3,
         timings={"1_token": short.as_dict(), f"{args.steps}_tokens": long.as_dict()},
     )
-    message = (f"{preset} b={batch} ctx={context} {impl}: {per_token * 1e3:.3f} ms/token, "
+    message = (f"{preset} {fmt} b={batch} ctx={context} {impl}: {per_token * 1e3:.3f} ms/token, "
                f"roofline {roofline_s * 1e3:.3f} ms ({roofline_s / per_token:.1%})")
     if args.loop_only:
         tqdm.write(message)
@@ -197,18 +200,18 @@ def _row(model, preset, weights, bw, batch, context, impl, args):
         message += (f"; one step's kernels {step['gpu_ms']:.3f} ms ({step['kernels']}, "
                     f"{roofline_s * 1e3 / step['gpu_ms']:.1%} of roofline)"
                     + (f", collectives {step['collective_ms']:.3f} ms" if args.tp > 1 else ""))
-    if args.verify_rows:
-        call = verify_call(model, batch, context, rows=args.verify_rows, impl=impl)
+    for verify_rows in args.verify_rows:
+        call = verify_call(model, batch, context, rows=verify_rows, impl=impl)
         verify = time_fn(call, repeats=args.repeats)
         verify_roofline_s = (weights + kv_bytes_per_step(model, batch, context)) / (bw["bytes_per_s"] * args.tp)
-        row.update(verify_rows=args.verify_rows, verify_ms=verify.median_s * 1e3,
-                   verify_roofline_fraction=verify_roofline_s / verify.median_s)
+        entry = dict(rows=verify_rows, verify_ms=verify.median_s * 1e3,
+                     verify_roofline_fraction=verify_roofline_s / verify.median_s,
+                     verify_over_step=verify.median_s / step_time.median_s, timing=verify.as_dict())
         verify_kernels = kernel_profile(call)
         if verify_kernels:
-            row["verify_profile"] = verify_kernels
-        row["timings"]["verify"] = verify.as_dict()
-        row["verify_over_step"] = verify.median_s / step_time.median_s
-        message += f"; verify {args.verify_rows} rows {verify.median_s * 1e3:.3f} ms " \
+            entry.update(profile=verify_kernels, verify_gpu_over_step_gpu=verify_kernels["gpu_ms"] / step["gpu_ms"])
+        row.setdefault("verify", []).append(entry)
+        message += f"; verify {verify_rows} rows {verify.median_s * 1e3:.3f} ms " \
                    f"({verify_roofline_s / verify.median_s:.1%}, {verify.median_s / step_time.median_s:.2f}x " \
                    f"a dispatched step's {step_time.median_s * 1e3:.3f} ms)"
     for tree in args.verify_trees:
@@ -240,8 +243,9 @@ def register(subparsers):
     d.add_argument("--context", type=int, nargs="+", default=[512])
     d.add_argument("--steps", type=int, default=128)
     add_tp(d)
-    d.add_argument("--verify-rows", type=int, default=0,
-                   help="also time a verify forward of this many rows (k + 1), e.g. 5")
+    d.add_argument("--verify-rows", type=int, nargs="*", default=[],
+                   help="also time a verify forward of each of these many rows (k + 1), e.g. 5 16")
+    add_weights(d, many=True)
     d.add_argument("--verify-trees", type=tree_arg, nargs="*", default=[],
                    help="TOPK:DEPTH:NODES: also time a tree verify of NODES + 1 rows against a chain verify of "
                         "DEPTH + 1 rows, e.g. 4:6:32")

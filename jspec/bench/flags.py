@@ -71,6 +71,31 @@ def add_tp(parser) -> None:
                              "one-axis mesh over the first N devices (default 1: no mesh)")
 
 
+BF16 = "bf16"
+
+
+def weights_choice(text: str) -> str:
+    """argparse type: ``bf16`` (the weights as made) or a quantization scheme (``jspec.quant.Scheme``)."""
+    if text == BF16:
+        return text
+    from jspec.quant import Scheme
+
+    try:
+        return Scheme.parse(text).name
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_weights(parser, *, many: bool) -> None:
+    """``--weights``: the target's (and drafter's) weight format, ``bf16`` or a scheme of ``jspec.quantize``."""
+    what = "formats to compare" if many else "format"
+    parser.add_argument("--weights", type=weights_choice, nargs="+" if many else None,
+                        default=[BF16] if many else BF16,
+                        help=f"weight {what}: bf16 (as --dtype makes them) or a jspec.quantize scheme (int8, fp8, "
+                             "int4 = int4-g128 with mins, int4-g128-sym, ...), quantized round to nearest on the "
+                             "device, every matmul weight and the tables")
+
+
 def mesh_of(tp: int):
     """The mesh ``--tp`` asks for (None for 1); a one-line error when there are fewer devices."""
     import jax

@@ -10,7 +10,8 @@ from jspec.bench.report import rows as rows_of
 def decode(rows, path):
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    labels = [f"{r['target']}\nb{r['batch']} ctx{r['context']}\n{r['impl']}" for r in rows]
+    labels = [f"{r['target']}\nb{r['batch']} ctx{r['context']}\n{r['impl']}" + (f" {r['weights']}" if r.get("weights", "bf16") != "bf16" else "")
+              for r in rows]
     ax.bar(range(len(rows)), [r["roofline_fraction"] for r in rows], color="tab:blue")
     ax.axhline(0.85, color="tab:red", ls="--", label="goal 85%")
     ax.set_xticks(range(len(rows)), labels, fontsize=7)

@@ -106,9 +106,16 @@ def is_tiny(name: str) -> bool:
     return name.startswith("tiny")
 
 
-def load_target(name_or_path: str, dtype, seed: int = 0, mesh=None) -> Model:
+def load_target(name_or_path: str, dtype, seed: int = 0, mesh=None, weights: str = "bf16") -> Model:
     """A preset (random weights made on the device; with a ``mesh``, made already placed on it) or a
-    checkpoint directory (HF or jspec; placed with ``jspec.shard`` after loading)."""
+    checkpoint directory (HF or jspec; placed with ``jspec.shard`` after loading); ``weights``: a
+    ``jspec.quantize`` scheme to quantize it with ("bf16": as made)."""
+    if weights != "bf16":
+        if mesh is not None:
+            raise SystemExit("error: --weights: quantized weights are not placed on a mesh; use --tp 1")
+        if name_or_path in PRESETS:
+            return init_quantized(PRESETS[name_or_path], jax.random.key(seed), dtype, weights)
+        return jspec.quantize(load_target(name_or_path, dtype, seed), weights)
     if name_or_path in PRESETS:
         if mesh is not None:
             return init_sharded(PRESETS[name_or_path], jax.random.key(seed), dtype, mesh)
@@ -120,6 +127,17 @@ def load_target(name_or_path: str, dtype, seed: int = 0, mesh=None) -> Model:
     else:
         model = load_hf(path, dtype=dtype)
     return model if mesh is None else jspec.shard(model, mesh)
+
+
+def init_quantized(config, key, dtype, scheme: str) -> Model:
+    """``jspec.quantize(jspec.init_params(config, key, dtype), scheme)`` made one piece at a time:
+    each layer is made and quantized by one program, so the unquantized model never exists (a
+    70B-shaped model is 141 GB in bf16, 37 GB in int4)."""
+    def quantized(fn, *, name=None, static_argnums=()):
+        return jax.jit(lambda *args: jspec.quantize(fn(*args), scheme), static_argnums=static_argnums)
+
+    model = jspec.init_params(config, key, dtype, build=quantized)  # tables come back unquantized
+    return jspec.quantize(model, scheme)
 
 
 def abstract_target(preset: str | LlamaConfig | Gemma4Config, dtype) -> Model:

@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 import jspec
 from jspec import engine, speculative
 from jspec.bench import decode, plots, report
-from jspec.bench.flags import add_tp, common, mesh_of, subcommand
+from jspec.bench.flags import BF16, add_tp, add_weights, common, mesh_of, subcommand
 from jspec.bench.controlled import ACCEPTANCE_METHOD, ControlledAcceptance, expected_acceptance_length
 from jspec.bench.presets import GREEDY, PRESETS, confident, is_tiny, load_target, random_prompts, weights_note
 from jspec.bench.roofline import copy_bandwidth, round_roofline_ratio
@@ -230,17 +230,23 @@ def hf_rows(target, drafter, end_to_end_rows, args, env) -> list[dict]:
 
 def run(args):
     check_policy_args(args)
+    if args.weights != BF16 and args.tp > 1:
+        raise SystemExit("error: --weights: quantized weights are not placed on a mesh; use --tp 1")
     dtype = jnp.dtype(args.dtype)
     mesh = mesh_of(args.tp)
     target = load_target(args.target, dtype, args.seed, mesh)
     if args.target in PRESETS:  # random weights whose greedy continuation survives bf16 rounding
         target = confident(target, args.seed)
     drafter = make_drafter(args.drafter, target, draft=args.draft, dtype=dtype, seed=args.seed, impl=args.impl)
+    if args.weights != BF16:  # after confident(), which rewrites bf16 weights; the drafter reads the target's tables
+        target = jspec.quantize(target, args.weights)
+        drafter = jspec.quantize(drafter.bind(target), args.weights)
     if mesh is not None:  # confident() made new arrays: place them (and the drafter) again
         target, drafter = jspec.shard(target, mesh), jspec.shard(drafter, mesh)
     names = [args.target] + ([args.draft] if args.drafter == "draft-model" else [])
     env = report.environment(dtype, args.seed, weights=weights_note(names))
-    tags = dict(target=args.target, drafter=args.drafter, context=args.context, impl=args.impl, tp=args.tp)
+    tags = dict(target=args.target, drafter=args.drafter, context=args.context, impl=args.impl, tp=args.tp,
+                weights=args.weights)
     if args.drafter == "draft-model":
         tags["draft"] = args.draft
     rows = []
@@ -303,6 +309,7 @@ def register(subparsers):
                         "greedy verification, the drafter's own acceptance)")
     s.add_argument("--new-tokens", type=int, default=128)
     add_tp(s)
+    add_weights(s, many=False)
     s.add_argument("--hf", action="store_true", help="also run HF transformers (torch, GPU) on the same shapes")
     s.add_argument("--compile-threads", type=int, default=8, help="round programs compile in parallel threads")
     s.add_argument("--copy-bytes", type=int, default=2 << 30,
