@@ -40,10 +40,22 @@ DEFAULT_PROMPT = (
 )
 DTYPES = ("float32", "bfloat16", "float16")
 # How the matrices are held: a GGUF's own quantization kept packed, bfloat16 arrays, or quantized at load.
-WEIGHTS = ("file", "bfloat16", "int8", "fp8", "int4")
+WEIGHTS = ("file", "bfloat16")  # or a jspec.quantize scheme: int8, fp8, int4, int4-g64, ...
 DRAFTERS = ("ngram", "draft-model", "eagle3", "dflash")
 # The EAGLE-3 head and the DFlash draft trained for the default model (scripts/train_draft.py; benchmarks/README.md).
 SHIPPED = {name: Path(__file__).resolve().parent.parent / "checkpoints" / f"smollm2-{name}" for name in ("eagle3", "dflash")}
+
+
+def _weights(text: str) -> str:
+    """argparse type of --weights: 'file', 'bfloat16' or a ``jspec.quantize`` scheme name."""
+    if text in WEIGHTS:
+        return text
+    from jspec.quant import Scheme
+
+    try:
+        return Scheme.parse(text).name if text != "int4" else text
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected 'file', 'bfloat16' or a quantization scheme: {exc}") from None
 
 
 def _token_ids(text: str) -> list[int]:
@@ -93,11 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=DTYPES, default=None,
                         help="parameter dtype (default: float32, or bfloat16 with --weights bfloat16; bfloat16 "
                              "speculation is not exact yet)")
-    parser.add_argument("--weights", choices=WEIGHTS, default=None,
+    parser.add_argument("--weights", type=_weights, default=None,
                         help="the matrices of the target and draft model: 'file' keeps a GGUF file's or an HF checkpoint's "
                              "own quantization packed (exact against its dequantized weights), 'bfloat16' "
-                             "dequantized to bfloat16 arrays, 'int8' / 'fp8' / 'int4' quantized at load "
-                             "(jspec.quantize) (default: 'file' on a GPU for a quantized model, else arrays in --dtype)")
+                             "dequantized to bfloat16 arrays, 'int8' / 'fp8' / 'int4' (group 128) / 'int4-g64' / ... "
+                             "quantized at load (jspec.quantize; SmolLM2's K = 576 takes int4-g64) (default: 'file' on a GPU for a quantized model, else arrays in --dtype)")
     return parser
 
 
@@ -210,7 +222,7 @@ def _load_weights(path, args):
     from jspec.io import load_model
 
     model = load_model(path, dtype=jnp.dtype(args.dtype), quantized=args.weights == "file" and _stored_quantized(path))
-    return jspec.quantize(model, args.weights) if args.weights in ("int8", "fp8", "int4") else model
+    return model if args.weights in (None, *WEIGHTS) else jspec.quantize(model, args.weights)
 
 
 def _stored_quantized(path) -> bool:

@@ -148,10 +148,12 @@ def test_an_unknown_scheme_is_named(llama_target, scheme):
         jspec.quantize(llama_target, scheme)
 
 
-def test_a_group_size_that_does_not_divide_k_names_the_weights(llama_target):
-    with pytest.raises(ValueError, match=r"\.layers\[0\]\.down: group size 64 does not divide K = 96"):
+def test_a_group_size_that_does_not_divide_k_names_the_weights_and_a_group_that_fits(llama_target):
+    with pytest.raises(ValueError, match=r"group size 64 does not divide K = 96 \(\.layers\[0\]\.down, "
+                                         r"\.layers\[1\]\.down\); int4-g32 fits every weight"):
         jspec.quantize(llama_target, "int4-g64")
-    with pytest.raises(ValueError, match=r"\.embed: group size 128 does not divide K = 64"):
+    with pytest.raises(ValueError, match=r"group size 128 does not divide K = 64 \(\.embed, \.layers\[0\]\.qkv, "
+                                         r"\.layers\[0\]\.o and 4 more\); group size 128 does not divide K = 96"):
         jspec.quantize(llama_target, "int4")
 
 

@@ -142,7 +142,7 @@ BAD_COMMAND_LINES = {
     "a draft that no drafter uses": (["--draft", TINY, "--drafter", "ngram"], "does not include draft-model"),
     "--chat with token ids": (["--tokens", "5 17", "--chat"], "--chat"),
     "an unknown kernel choice": (["--impl", "fast"], "--impl"),
-    "an unknown weights choice": (["--weights", "int3"], "invalid choice: 'int3'"),
+    "an unknown weights choice": (["--weights", "int3"], "--weights: expected 'file', 'bfloat16' or a quantization scheme"),
     "bfloat16 weights in another dtype": (["--weights", "bfloat16", "--dtype", "float32"],
                                           "--weights bfloat16 holds the weights in bfloat16, not --dtype float32"),
     "a group that does not divide K": (["--model", TINY, "--tokens", "5 17", "--weights", "int4"],
@@ -189,7 +189,7 @@ def test_readme_api_example_runs_as_written_from_anywhere(smollm2_gguf, tmp_path
     _ok(tmp_path / "example.py", cwd=tmp_path)
 
 
-@pytest.mark.parametrize("weights", ["file", "int8", "fp8"])
+@pytest.mark.parametrize("weights", ["file", "int8", "fp8", "int4-g32"])
 def test_weights_packed_from_the_file_or_quantized_at_load(generate, tmp_path, capsys, weights):
     """A quantized GGUF with its own blocks kept packed, or a model quantized at load: speculation on it
     is still exact."""

@@ -39,16 +39,21 @@ def quantize(tree, scheme: str | Scheme):
     """
     scheme = Scheme.parse(scheme)
     check_platform(scheme)
-    problems = []
+    misfits: dict[str, list[str]] = {}  # problem -> the paths of the weights that have it
+    ks = set()
 
     def check(path, w, role):
         if not isinstance(w, QuantizedWeight):
-            problems.extend(f"{path}: {p}" for p in _misfits(w, scheme, role))
+            for problem in _misfits(w, scheme, role):
+                misfits.setdefault(problem, []).append(path)
+            if w.ndim == 2:
+                ks.add(w.shape[1] if role == TABLE else w.shape[0])
         return w
 
     map_weights(tree, check)
-    if problems:
-        raise ValueError(f"cannot quantize to {scheme.name}: " + "; ".join(problems))
+    if misfits:
+        raise ValueError(f"cannot quantize to {scheme.name}: " + "; ".join(
+            f"{problem} ({_some(paths)})" for problem, paths in misfits.items()) + _fitting_group(scheme, ks))
     return map_weights(tree, lambda path, w, role: w if isinstance(w, QuantizedWeight)
                        else quantize_matrix(w, scheme, transposed=role == TABLE))
 
@@ -58,9 +63,24 @@ def _misfits(w, scheme: Scheme, role: str) -> list[str]:
         return [f"a {role} weight must be a 2-D float matrix, got {w.dtype} {tuple(w.shape)}"]
     k = w.shape[1] if role == TABLE else w.shape[0]
     if scheme.group_size is not None and k % scheme.group_size:
-        return [f"group size {scheme.group_size} does not divide K = {k} (shape {tuple(w.shape)}); "
-                "use a group size that divides it"]
+        return [f"group size {scheme.group_size} does not divide K = {k}"]
     return []
+
+
+def _some(paths: list[str], shown: int = 3) -> str:
+    """``paths`` named, the first few of a long list and how many more."""
+    more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
+    return ", ".join(paths[:shown]) + more
+
+
+def _fitting_group(scheme: Scheme, ks: set[int]) -> str:
+    """A hint naming the largest smaller group that divides every K, if the group was the problem."""
+    if scheme.group_size is None or all(k % scheme.group_size == 0 for k in ks):
+        return ""
+    for group in (g for g in (128, 64, 32, 16) if g < scheme.group_size):
+        if all(k % group == 0 for k in ks):
+            return f"; {dataclasses.replace(scheme, group_size=group).name} fits every weight"
+    return "; use a group size that divides every K"
 
 
 def map_weights(tree, fn: WeightFn, path: str = ""):
