@@ -269,10 +269,13 @@ def speculative_generate(
     if tree is not None and not hasattr(drafter, "propose_tree"):
         raise ValueError(f"topk={topk}: {type(drafter).__name__} drafts chains only (topk=1)")
     drafter = drafter.bind(target)  # checks compatibility first
-    most = getattr(drafter, "max_draft_tokens", None)  # a block drafter's block bounds k (DFlash)
-    if most is not None and num_draft_tokens > most:
+    most = getattr(drafter, "max_draft_tokens", None)  # a block drafter's block bounds a path (DFlash)
+    if most is not None and tree is None and num_draft_tokens > most:
         raise ValueError(f"num_draft_tokens={num_draft_tokens} exceeds the {most} drafts a round of "
                          f"{type(drafter).__name__} makes")
+    if most is not None and tree is not None and tree.depth > most:
+        raise ValueError(f"depth={tree.depth} exceeds the {most} drafts a round of {type(drafter).__name__} makes "
+                         "along a path")
     batch = host_batch(target, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                        eos_id=eos_id, key=key)
     prompts, tokens, lengths = batch.prompts, batch.tokens, batch.lengths

@@ -1,6 +1,7 @@
 """DFlash: the published checkpoint layout loads, the block forward and the rounds equal the
 authors' loop written out in torch (tests/hf_reference/dflash.py), speculation is lossless on every
-target family, and bad input is named before any compute."""
+target family, chains and trees (from the block's per-slot distributions), and bad input is named
+before any compute."""
 
 from __future__ import annotations
 
@@ -102,6 +103,41 @@ def test_greedy_speculative_equals_greedy(seed, kind, batch, k, eos):
     check_greedy_lossless(target, drafter, seed, batch, k, eos)
 
 
+# (seed, target, batch, topk, depth, nodes); a 12-token vocabulary makes accepted paths common.
+TREE_CASES = [
+    (0, "llama", 1, 2, 3, 5),
+    (1, "qwen3", 3, 3, 2, 6),
+    (2, "gemma4", 2, 2, 4, 3),  # fewer nodes than levels: a path holds at most 3 drafts
+]
+
+
+@pytest.mark.parametrize("seed, kind, batch, topk, depth, nodes", TREE_CASES)
+def test_greedy_tree_speculative_equals_greedy(seed, kind, batch, topk, depth, nodes):
+    qwen3 = dict(qk_norm=True, head_dim=32) if kind == "qwen3" else {}
+    target = tiny_gemma4(seed) if kind == "gemma4" else tiny_model(seed, vocab_size=12, **qwen3)
+    drafter = dflash(target, ids=(0, target.config.num_layers - 1), seed=seed + 20)
+    prompts = [list(np.random.default_rng(seed + b).integers(0, target.config.vocab_size, 3 + 2 * b))
+               for b in range(batch)]
+    result = jspec.speculative_generate(target, drafter, prompts, 12, num_draft_tokens=nodes, topk=topk, depth=depth)
+    assert result.tokens == jspec.generate(target, prompts, 12)
+    assert (result.stats["accepted"] <= result.stats["rounds"] * min(depth, nodes)).all()
+    if target.config.vocab_size == 12:
+        assert result.stats["accepted"].sum() > 0  # some rounds commit along a tree's path
+
+
+def test_sampled_tree_speculative_has_the_target_distribution():
+    from tests.stats import assert_matches_distribution
+    from tests.test_speculative import SAMPLING_VOCAB, _exact_joint
+
+    target = tiny_model(11, vocab_size=SAMPLING_VOCAB)
+    drafter = dflash(target, block_size=4, seed=14)
+    prompt, sampling = [1, 5, 1, 5, 2], dict(temperature=0.8, top_k=5)
+    result = jspec.speculative_generate(target, drafter, [prompt] * 6_000, 3, num_draft_tokens=5, topk=3, depth=2,
+                                        key=jax.random.key(5), **sampling)
+    index = (np.array(result.tokens) * SAMPLING_VOCAB ** np.arange(2, -1, -1)).sum(axis=1)
+    assert_matches_distribution(index, _exact_joint(target, prompt, SamplingParams(**sampling)))
+
+
 @pytest.mark.parametrize("num_accepted", [(0, 2, 4), (4, 1, 0)])
 def test_commit_leaves_the_context_a_prefill_of_the_accepted_tokens_would(num_accepted):
     """After propose, verify and commit with ``a`` drafts accepted, the draft's context rows equal a
@@ -169,6 +205,7 @@ def test_bad_targets_and_options_raise():
         (dflash(tiny_model(0, hidden_size=32, num_heads=2)), {}, "hidden_size"),
         (dflash(tiny_model(0, vocab_size=50)), {}, "vocab_size"),
         (dflash(target, block_size=4), dict(num_draft_tokens=4), "exceeds the 3 drafts"),
+        (dflash(target, block_size=4), dict(num_draft_tokens=6, topk=2, depth=4), "depth=4 exceeds the 3 drafts"),
     ]
     for drafter, options, message in cases:
         with pytest.raises(ValueError, match=message):

@@ -84,6 +84,8 @@ EXPERIMENTS = {e.name: e for e in (
     # The DFlash drafter trained by scripts/train_draft.py on the same corpus (k <= its block - 1).
     Experiment("smollm2/dflash", "smollm2-135m-instruct", "dflash", "checkpoints/smollm2-dflash"),
     Experiment("smollm2/dflash-t1", "smollm2-135m-instruct", "dflash", "checkpoints/smollm2-dflash", temperature=1.0),
+    # Trees from the block's per-slot distributions: 5 levels (k = the node count, e.g. 7 / 15 / 24).
+    Experiment("smollm2/dflash-tree", "smollm2-135m-instruct", "dflash", "checkpoints/smollm2-dflash", topk=3, depth=5),
 )}
 
 

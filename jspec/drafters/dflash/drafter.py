@@ -33,6 +33,7 @@ from jspec.kv import KVCache
 from jspec.models import AnyModel, TokenIO, gemma4, llama, token_io
 from jspec.models.base import Capture
 from jspec.sampling import SamplingParams, probabilities, sample
+from jspec.tree import TreeShape, expand
 
 
 @jax.tree_util.register_dataclass
@@ -127,6 +128,27 @@ class DFlash:
         logits, kv = self._block(dstate, ctx.root)
         logits = logits[:, :k]
         return sample(key, logits, params), None if params.greedy else probabilities(logits, params), kv
+
+    def propose_tree(self, dstate: KVCache, ctx: RoundContext, *, shape: TreeShape, params: SamplingParams, key):
+        """A draft tree (``jspec.tree.expand``) from one block forward: slot ``l``'s distribution gives
+        the children of every level ``l - 1`` node, scored by cumulative log-probability. A block's slots
+        never see the drafts before them, so every node of a level has the same candidate children; the
+        tree keeps several tokens for an uncertain slot where a chain keeps one."""
+        del params, key  # tree drafts are the deterministic top-k children, whatever the sampling
+        if shape.depth > self.config.max_draft_tokens:
+            raise ValueError(f"depth={shape.depth} exceeds what a DFlash block of {self.config.block_size} drafts "
+                             f"(block_size - 1 = {self.config.max_draft_tokens})")
+        logits, kv = self._block(dstate, ctx.root)
+        logprobs = jax.nn.log_softmax(logits[:, : shape.depth].astype(jnp.float32), axis=-1)  # [batch, depth, V]
+
+        def step(carry, tokens, parent_slot, level):  # level l's frontier: the children are slot l + 1's
+            del parent_slot
+            slot = jax.lax.dynamic_index_in_dim(logprobs, level, axis=1, keepdims=False)
+            return jnp.broadcast_to(slot[:, None], (*tokens.shape, slot.shape[-1])), carry
+
+        tree, _, _ = expand(logprobs[:, 0], ctx.root, step, (), topk=shape.topk, depth=shape.depth,
+                            num_nodes=shape.num_nodes)
+        return tree, kv
 
     def block_logits(self, dstate: KVCache, root: jax.Array) -> jax.Array:
         """The draft's fp32 logits ``[batch, B-1, vocab]`` of block slots ``1..B-1``, for the block
