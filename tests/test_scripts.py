@@ -155,6 +155,13 @@ BAD_COMMAND_LINES = {
     "a DFlash draft that is not a directory": (["--model", TINY, "--tokens", "5 17", "--drafter", "dflash",
                                                 "--dflash-head", TINY / "config.json"], "is not a DFlash draft directory"),
     "a DFlash draft for another target": (["--model", TINY, "--tokens", "5 17", "--drafter", "dflash"], "vocab"),
+    "a tree without a depth": (["--topk", "2"], "--topk 2 drafts trees: give their --depth"),
+    "a depth without a tree": (["--depth", "3"], "--depth shapes a tree"),
+    "a tree of more nodes than its shape holds": (["--model", TINY, "--tokens", "5 17", "--topk", "2", "--depth", "2",
+                                                   "-k", "7"], "num_nodes=7 exceeds the 6 candidates"),
+    "a chain longer than a DFlash block": (["--drafter", "dflash", "-k", "8"], "--num-draft-tokens 8 exceeds the 7"),
+    "a tree deeper than a DFlash block": (["--drafter", "dflash", "-k", "9", "--topk", "2", "--depth", "8"],
+                                          "--depth 8 exceeds the 7 drafts a round of dflash makes"),
 }
 
 
@@ -200,6 +207,13 @@ def test_weights_packed_from_the_file_or_quantized_at_load(generate, tmp_path, c
                    "--weights", weights, "--impl", "xla"])
     out = capsys.readouterr().out
     assert f"weights: {weights}," in out and "identical to plain decoding: yes" in out
+
+
+def test_trees_from_the_command_line(generate, capsys):
+    generate.main(["--model", str(TINY), "--tokens", "5 17 42 8 5 17 42", "--max-new-tokens", "6", "-k", "4",
+                   "--topk", "2", "--depth", "3"])
+    out = capsys.readouterr().out
+    assert "ngram, k=4, a tree of topk 2, depth 3" in out and "identical to plain decoding: yes" in out
 
 
 def test_a_gpu_runs_a_quantized_file_packed_by_default(generate, tmp_path, monkeypatch):
