@@ -130,6 +130,25 @@ def test_dispatcher_choices_on_cpu():
                                   np.asarray(quantized_matmul_reference(x, *short)))
 
 
+def test_auto_on_a_gpu_runs_the_gate_beside_the_kernels_unfused_product(monkeypatch):
+    """As measured (``AUTO_FUSES_GATE``): the kernel computes gate|up with its split-K tiling, the gate
+    follows; ``pallas`` keeps the fused epilogue."""
+    calls = []
+
+    def kernel(x, values, scales, mins=None, *, gated=None, **kwargs):
+        calls.append(gated)
+        return quantized_matmul_reference(x, values, scales, mins, gated=gated)
+
+    monkeypatch.setattr(qm, "on_gpu", lambda: True)
+    monkeypatch.setattr(qm, "quantized_matmul_pallas", kernel)
+    parts = _weight("int8", 256, 256)
+    x = _x(1, 256)
+    gate, up = jnp.split(quantized_matmul_reference(x, *parts), 2, axis=-1)
+    _check(qm.quantized_matmul(x, *parts, impl="auto", gated="silu"), jax.nn.silu(gate) * up, tol=2e-2)
+    qm.quantized_matmul(x, *parts, impl="pallas", gated="silu")
+    assert calls == [None, "silu"]
+
+
 def test_bad_shapes_are_named():
     values, scales, mins = _weight("int4-g64", 256, 96)
     x = _x(2, 256)

@@ -95,8 +95,9 @@ def quantized_matmul_reference(x, values, scales, mins=None, *, w_transposed=Fal
 
 def quantized_matmul(x, values, scales, mins=None, *, impl="auto", w_transposed=False, gated=None):
     """Dispatcher: ``x [..., K] @ w -> [..., N]`` for the quantized weight ``w`` (module docstring);
-    ``gated`` as for ``skinny_matmul`` (fused into the kernel wherever it runs and the halves are whole
-    column tiles; composed beside it otherwise). Parts that do not make one weight, or an x of another
+    ``gated`` as for ``skinny_matmul`` (``pallas``: fused into the kernel where the halves are whole
+    column tiles; composed beside the kernel's product otherwise, and under ``auto``:
+    :data:`AUTO_FUSES_GATE`). Parts that do not make one weight, or an x of another
     K: ``ValueError``."""
     return _dispatch(x, values, scales, mins, impl, w_transposed, gated, parts=False)
 
@@ -112,6 +113,13 @@ def _auto_uses_kernel(m: int) -> bool:
     """The ``impl="auto"`` rule on a GPU: the kernel for every weight it takes (provisional: to be
     set per shape and format from ``python -m jspec.bench quant-matmul``)."""
     return m <= MAX_M
+
+
+# Whether ``auto`` fuses a gate into the kernel. It does not: in an int8 Llama-3.1-8B decode step on
+# the H200 the fused gate|up ran at 1.1 TB/s (its tiling: 32-column tiles, no split-K, as a gate
+# needs whole sums), the unfused q|k|v, o and down at 1.75-2.15 TB/s
+# (benchmarks/quant_decode_h200_8b.json), so the product runs unfused and the gate beside it.
+AUTO_FUSES_GATE = False
 
 
 def _dispatch(x, values, scales, mins, impl, w_transposed, gated, *, parts):
@@ -130,7 +138,8 @@ def _dispatch(x, values, scales, mins, impl, w_transposed, gated, *, parts):
         kernel_args = dict(interpret=None if mode == "pallas" else False, w_transposed=w_transposed)
         if parts:
             return quantized_matmul_pallas_parts(x, values, scales, mins, **kernel_args)
-        if gated is None or kernel_takes(m, loader, k, n, gated=True):
+        fuse = mode == "pallas" or AUTO_FUSES_GATE
+        if gated is None or (fuse and kernel_takes(m, loader, k, n, gated=True)):
             return quantized_matmul_pallas(x, values, scales, mins, gated=gated, **kernel_args)
         gate, up = jnp.split(quantized_matmul_pallas(x, values, scales, mins, **kernel_args), 2, axis=-1)
         return GATES[gated](gate) * up
