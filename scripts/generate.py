@@ -17,9 +17,9 @@ differently, so the outputs may part ways after a near tie (the library's ``impl
 removes that; this script runs the default kernels).
 
 ``--weights`` says how the matrices are held: on a GPU a quantized GGUF file or HF checkpoint (FP8,
-AWQ, GPTQ) keeps its own quantization packed by default (``file``: exact against its dequantized weights, a fraction of
-their bytes); ``int8`` / ``fp8`` / ``int4`` quantize any model at load (``jspec.quantize``, round to
-nearest); ``bfloat16`` dequantizes to bfloat16 arrays.
+AWQ, GPTQ) keeps its own quantization packed by default (``file``: exact against its dequantized
+weights, a fraction of their bytes); ``int8`` / ``fp8`` / ``int4`` / ``int4-g64`` ... quantize any
+model at load (``jspec.quantize``, round to nearest); ``bfloat16`` dequantizes to bfloat16 arrays.
 """
 
 from __future__ import annotations
@@ -42,8 +42,10 @@ DTYPES = ("float32", "bfloat16", "float16")
 # How the matrices are held: a GGUF's own quantization kept packed, bfloat16 arrays, or quantized at load.
 WEIGHTS = ("file", "bfloat16")  # or a jspec.quantize scheme: int8, fp8, int4, int4-g64, ...
 DRAFTERS = ("ngram", "draft-model", "eagle3", "dflash")
-# The EAGLE-3 head and the DFlash draft trained for the default model (scripts/train_draft.py; benchmarks/README.md).
-SHIPPED = {name: Path(__file__).resolve().parent.parent / "checkpoints" / f"smollm2-{name}" for name in ("eagle3", "dflash")}
+# The EAGLE-3 head and the DFlash draft trained for the default model (scripts/train_draft.py;
+# benchmarks/README.md).
+CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
+SHIPPED = {name: CHECKPOINTS / f"smollm2-{name}" for name in ("eagle3", "dflash")}
 
 
 def _weights(text: str) -> str:
@@ -53,9 +55,10 @@ def _weights(text: str) -> str:
     from jspec.quant import Scheme
 
     try:
-        return Scheme.parse(text).name if text != "int4" else text
+        Scheme.parse(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected 'file', 'bfloat16' or a quantization scheme: {exc}") from None
+    return text
 
 
 def _token_ids(text: str) -> list[int]:
@@ -79,8 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                                         "a known name, a GGUF file or a checkpoint directory")
     parser.add_argument("--head", type=Path, help="EAGLE-3 head directory for --drafter eagle3 (default: "
                                                    "checkpoints/smollm2-eagle3, trained for SmolLM2-135M-Instruct)")
-    parser.add_argument("--dflash-head", type=Path, help="DFlash draft directory for --drafter dflash (default: "
-                                                         "checkpoints/smollm2-dflash, trained for SmolLM2-135M-Instruct)")
+    parser.add_argument("--dflash-head", type=Path,
+                        help="DFlash draft directory for --drafter dflash (default: checkpoints/smollm2-dflash, "
+                             "trained for SmolLM2-135M-Instruct)")
     parser.add_argument("--drafter", nargs="+", choices=DRAFTERS,
                         help="drafters to run (default: ngram, and draft-model when --draft is given)")
     prompt = parser.add_mutually_exclusive_group()
@@ -110,10 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="parameter dtype (default: float32, or bfloat16 with --weights bfloat16; bfloat16 "
                              "speculation is not exact yet)")
     parser.add_argument("--weights", type=_weights, default=None,
-                        help="the matrices of the target and draft model: 'file' keeps a GGUF file's or an HF checkpoint's "
-                             "own quantization packed (exact against its dequantized weights), 'bfloat16' "
-                             "dequantized to bfloat16 arrays, 'int8' / 'fp8' / 'int4' (group 128) / 'int4-g64' / ... "
-                             "quantized at load (jspec.quantize; SmolLM2's K = 576 takes int4-g64) (default: 'file' on a GPU for a quantized model, else arrays in --dtype)")
+                        help="the matrices of the target and draft model: 'file' keeps a GGUF file's or an HF "
+                             "checkpoint's own quantization packed (exact against its dequantized weights), "
+                             "'bfloat16' dequantized to bfloat16 arrays, 'int8' / 'fp8' / 'int4' (group 128) / "
+                             "'int4-g64' / ... quantized at load (jspec.quantize; SmolLM2's K = 576 takes int4-g64) "
+                             "(default: 'file' on a GPU for a quantized model, else arrays in --dtype)")
     return parser
 
 

@@ -33,8 +33,9 @@ from jspec.tree import DraftTree
 
 NOTES = ("weights: the format of every matmul weight and table (bf16, or quantized round to nearest by "
          "jspec.quantize on the device); weight_bytes: the bytes a step reads in it, so roofline_fraction is against "
-         "the format's own roofline; ms_per_token: generate's on-device while loop, (T(n) - T(1)) / (n - 1) of medians; step_profile / "
-         "verify[].profile: the GPU kernels of one dispatched forward of 1 / each --verify-rows rows (profiler: total ms, "
+         "the format's own roofline; ms_per_token: generate's on-device while loop, (T(n) - T(1)) / (n - 1) of "
+         "medians; step_profile / verify[].profile: the GPU kernels of one dispatched forward of 1 / each "
+         "--verify-rows rows (profiler: total ms, "
          "count, NCCL ms under --tp, the top kernels by time), since the profiler does not see the kernels inside the "
          "while loop; verify_ms: wall time of that verify forward (all logits)")
 
@@ -158,7 +159,7 @@ def run(args):
     def save():  # after every row: a slow compile that runs out of time loses nothing measured
         report.write(args.out, report.result("decode", args.argv, env, rows, copy_bandwidth=bw, notes=NOTES))
 
-    mesh = mesh_of(args.tp)
+    mesh = mesh_of(args.tp, args.weights)
     for preset in tqdm(args.targets, desc="targets"):
         for fmt in args.weights:
             model = load_target(preset, dtype, args.seed, mesh, weights=fmt)
@@ -166,7 +167,8 @@ def run(args):
             for batch in args.batch:
                 for context in args.context:
                     for impl in args.impl:
-                        rows.append(dict(_row(model, preset, weights, bw, batch, context, impl, fmt, args), weights=fmt))
+                        row = _row(model, preset, weights, bw, batch, context, impl, fmt, args)
+                        rows.append(dict(row, weights=fmt))
                         save()
             del model
     plots.decode(rows, Path(args.out).with_suffix(".png"))

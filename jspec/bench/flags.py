@@ -96,14 +96,17 @@ def add_weights(parser, *, many: bool) -> None:
                              "device, every matmul weight and the tables")
 
 
-def mesh_of(tp: int):
-    """The mesh ``--tp`` asks for (None for 1); a one-line error when there are fewer devices."""
+def mesh_of(tp: int, weights=BF16):
+    """The mesh ``--tp`` asks for (None for 1); a one-line error when there are fewer devices, or
+    when ``weights`` (a format or a list of them) are quantized, which a mesh does not place."""
     import jax
 
     from jspec.sharding import tensor_parallel_mesh
 
     if tp == 1:
         return None
+    if any(fmt != BF16 for fmt in ([weights] if isinstance(weights, str) else weights)):
+        raise SystemExit("error: --weights: quantized weights are not placed on a mesh; use --tp 1")
     if not 1 <= tp <= jax.device_count():
         raise SystemExit(f"error: --tp {tp}: this machine has {jax.device_count()} device(s)")
     return tensor_parallel_mesh(jax.devices()[:tp])

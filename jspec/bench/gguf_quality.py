@@ -19,8 +19,10 @@ The peer (``--llama-cpp-python PATH``: an interpreter with ``llama-cpp-python``)
 ``jspec/bench/llama_cpp_peer.py`` in a subprocess on the same file and the same token ids: the same
 windows (its logits of every position, ``logits_all``) and the same greedy decode, once for each of
 ``--threads`` (decode rows ``llama.cpp-<N>t``: on cores other work shares, llama.cpp's OpenMP threads
-wait on each other, and one thread can beat two). Resumable: a model whose rows are already in ``--out`` is not run again. ``--tiny`` writes a tiny 2-layer Llama GGUF (Q4_1 matrices, a Q8_0 table) and scores ids
-made of the passage's first 256 bytes; llama.cpp is not run on it (the file has no vocabulary).
+wait on each other, and one thread can beat two). Resumable: a model whose rows are already in
+``--out`` is not run again. ``--tiny`` writes a tiny 2-layer Llama GGUF (Q4_1 matrices, a Q8_0
+table) and scores ids made of the passage's first 256 bytes; llama.cpp is not run on it (the file
+has no vocabulary).
 
   python -m jspec.bench gguf-quality --out benchmarks/gguf_quality_cpu.json \\
       --llama-cpp-python /tmp/llamacpp-venv/bin/python   # SmolLM2-135M (Q4_1) and Qwen2.5-Coder-0.5B

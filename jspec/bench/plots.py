@@ -10,8 +10,11 @@ from jspec.bench.report import rows as rows_of
 def decode(rows, path):
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    labels = [f"{r['target']}\nb{r['batch']} ctx{r['context']}\n{r['impl']}" + (f" {r['weights']}" if r.get("weights", "bf16") != "bf16" else "")
-              for r in rows]
+    def label(r):  # the weight format where it is not bf16 (rows before --weights have none)
+        fmt = "" if r.get("weights", "bf16") == "bf16" else f" {r['weights']}"
+        return f"{r['target']}\nb{r['batch']} ctx{r['context']}\n{r['impl']}{fmt}"
+
+    labels = [label(r) for r in rows]
     ax.bar(range(len(rows)), [r["roofline_fraction"] for r in rows], color="tab:blue")
     ax.axhline(0.85, color="tab:red", ls="--", label="goal 85%")
     ax.set_xticks(range(len(rows)), labels, fontsize=7)

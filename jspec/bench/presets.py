@@ -110,9 +110,7 @@ def load_target(name_or_path: str, dtype, seed: int = 0, mesh=None, weights: str
     """A preset (random weights made on the device; with a ``mesh``, made already placed on it) or a
     checkpoint directory (HF or jspec; placed with ``jspec.shard`` after loading); ``weights``: a
     ``jspec.quantize`` scheme to quantize it with ("bf16": as made)."""
-    if weights != "bf16":
-        if mesh is not None:
-            raise SystemExit("error: --weights: quantized weights are not placed on a mesh; use --tp 1")
+    if weights != "bf16":  # never with a mesh (jspec.bench.flags.mesh_of refuses it)
         if name_or_path in PRESETS:
             return init_quantized(PRESETS[name_or_path], jax.random.key(seed), dtype, weights)
         return jspec.quantize(load_target(name_or_path, dtype, seed), weights)

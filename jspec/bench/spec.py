@@ -230,10 +230,8 @@ def hf_rows(target, drafter, end_to_end_rows, args, env) -> list[dict]:
 
 def run(args):
     check_policy_args(args)
-    if args.weights != BF16 and args.tp > 1:
-        raise SystemExit("error: --weights: quantized weights are not placed on a mesh; use --tp 1")
     dtype = jnp.dtype(args.dtype)
-    mesh = mesh_of(args.tp)
+    mesh = mesh_of(args.tp, args.weights)
     target = load_target(args.target, dtype, args.seed, mesh)
     if args.target in PRESETS:  # random weights whose greedy continuation survives bf16 rounding
         target = confident(target, args.seed)
