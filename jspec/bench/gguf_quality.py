@@ -1,14 +1,16 @@
 """gguf-quality: a real GGUF file's quantization kept packed against the same file dequantized to
-fp32, and llama.cpp on the same file as the peer: perplexity, parameter bytes and decode speed.
+its dequantized self, and llama.cpp on the same file as the peer: perplexity, parameter bytes and decode speed.
 
 For every model (a known name or a ``.gguf`` file), jspec loads the file twice: with its quantization
-kept packed (``jspec.load_gguf(path, quantized=True)``) and dequantized to float32. Then:
+kept packed (``jspec.load_gguf(path, quantized=True)``) and dequantized, both in ``--dtype`` (the
+packed model's scales; default float32, where the packed model is exact; variants ``jspec-packed``
+and ``jspec-fp32`` / ``jspec-bf16``, the dequantized one the reference of every comparison). Then:
 
 * **perplexity** on the committed passage (``jspec/bench/data/perplexity_passage.json``, an original
   English essay): its token ids (jspec's tokenizer, no BOS) cut into non-overlapping windows of
   ``--context`` tokens, each scored alone (``jspec.score``, batch 1); every token of a window but its
   first is predicted from the ones before it; perplexity = exp(mean negative log-likelihood), the
-  log-softmax in float64. Rows also compare each variant's per-token NLL and top-1 token with fp32's.
+  log-softmax in float64. Rows also compare each variant's per-token NLL and top-1 token with the dequantized model's.
 * **memory**: bytes of the parameter pytree (what sits on the device) packed and dequantized, and
   the file's size.
 * **decode**: greedy batch-1 ``jspec.generate`` of ``--new-tokens`` tokens after the passage's first
@@ -50,7 +52,13 @@ from jspec.bench.timing import time_fn
 
 PASSAGE = Path(__file__).with_name("data") / "perplexity_passage.json"
 PEER_SCRIPT = Path(__file__).with_name("llama_cpp_peer.py")
-VARIANTS = ("jspec-packed", "jspec-fp32")
+PACKED = "jspec-packed"
+DEQUANTIZED = {"float32": "jspec-fp32", "bfloat16": "jspec-bf16"}  # by --dtype
+
+
+def dequantized_variant(dtype) -> str:
+    name = jnp.dtype(dtype).name
+    return DEQUANTIZED.get(name, f"jspec-{name}")
 PEER = "llama.cpp"
 
 
@@ -92,10 +100,10 @@ def perplexity_row(model_name, variant, nll, top, windows, context, reference=No
                tokens_scored=int(nll.size), mean_nll=float(nll.mean()), perplexity=float(np.exp(nll.mean())), **extra)
     if reference is not None:
         ref_nll, ref_top = reference
-        row.update(perplexity_vs_fp32=float(np.exp(nll.mean() - ref_nll.mean()) - 1.0),
-                   max_abs_nll_diff_vs_fp32=float(np.abs(nll - ref_nll).max()),
-                   mean_abs_nll_diff_vs_fp32=float(np.abs(nll - ref_nll).mean()),
-                   top1_agreement_vs_fp32=float((top == ref_top).mean()))
+        row.update(perplexity_vs_dequantized=float(np.exp(nll.mean() - ref_nll.mean()) - 1.0),
+                   max_abs_nll_diff_vs_dequantized=float(np.abs(nll - ref_nll).max()),
+                   mean_abs_nll_diff_vs_dequantized=float(np.abs(nll - ref_nll).mean()),
+                   top1_agreement_vs_dequantized=float((top == ref_top).mean()))
     return row
 
 
@@ -117,7 +125,7 @@ def decode_row(model_name, variant, timing_s: list[float] | None, tokens, prompt
                timings={"generate": timing.as_dict("s")}, tokens=list(tokens),
                load_average_1min=os.getloadavg()[0])  # the cores are shared: what else ran beside it
     if reference is not None:
-        row.update(first_difference_vs_fp32=first_difference(list(tokens), list(reference)))
+        row.update(first_difference_vs_dequantized=first_difference(list(tokens), list(reference)))
     return row
 
 
@@ -183,9 +191,10 @@ def measure_model(name: str, path: Path, args, emit) -> None:
     text = passage_text(args.passage)
     file_bytes = path.stat().st_size
     results, reference = {}, None
-    for variant in ("jspec-fp32", "jspec-packed"):  # fp32 first: the reference of the comparisons
+    dequantized = dequantized_variant(args.dtype)
+    for variant in (dequantized, PACKED):  # dequantized first: the reference of the comparisons
         start = time.perf_counter()
-        model = jspec.load_gguf(path, quantized=variant == "jspec-packed")
+        model = jspec.load_gguf(path, dtype=jnp.dtype(args.dtype), quantized=variant == PACKED)
         load_s = time.perf_counter() - start
         ids = model_ids(name, path, text, model.config.vocab_size)
         windows = windows_of(ids, args.context)
@@ -196,15 +205,16 @@ def measure_model(name: str, path: Path, args, emit) -> None:
         tokens, timing = jspec_decode(model, prompt, args.new_tokens, args.repeats)
         results[variant] = dict(bytes=_nbytes(model), load_s=load_s, tokens=tokens)
         emit(decode_row(name, variant, None, tokens, len(prompt), args.new_tokens,
-                        results.get("jspec-fp32", {}).get("tokens") if variant != "jspec-fp32" else None,
+                        results.get(dequantized, {}).get("tokens") if variant != dequantized else None,
                         timing=timing))
         if reference is None:
             reference = (nll, top)
         del model
         gc.collect()
-    packed, plain = results["jspec-packed"]["bytes"], results["jspec-fp32"]["bytes"]
+    packed, plain = results[PACKED]["bytes"], results[dequantized]["bytes"]
     emit(dict(measure="memory", model=name, file=path.name, file_bytes=file_bytes, packed_bytes=packed,
-              fp32_bytes=plain, packed_over_file=packed / file_bytes, fp32_over_packed=plain / packed,
+              dequantized_bytes=plain, dequantized_dtype=args.dtype, packed_over_file=packed / file_bytes,
+              dequantized_over_packed=plain / packed,
               load_s={v: r["load_s"] for v, r in results.items()}))
     if args.llama_cpp_python and name != "tiny":
         peer = run_peer(args.llama_cpp_python, path, windows, [], 0, 0, max(args.threads))
@@ -214,12 +224,12 @@ def measure_model(name: str, path: Path, args, emit) -> None:
         for threads in args.threads:
             decode = run_peer(args.llama_cpp_python, path, [], prompt, args.new_tokens, args.repeats, threads)["decode"]
             row = decode_row(name, f"{PEER}-{threads}t", decode["seconds"], decode["tokens"], len(prompt),
-                             args.new_tokens, results["jspec-fp32"]["tokens"])
+                             args.new_tokens, results[dequantized]["tokens"])
             emit(dict(row, threads=threads))
 
 
 def summary(rows: list[dict]) -> list[dict]:
-    """Per model: each variant's perplexity and tokens/s, the bytes, packed vs fp32 and vs llama.cpp."""
+    """Per model: each variant's perplexity and tokens/s, the bytes, packed vs dequantized and vs llama.cpp."""
     out = []
     for name in dict.fromkeys(r["model"] for r in rows if r["measure"] != "summary"):
         ppl = {r["variant"]: r["perplexity"] for r in rows if r["measure"] == "perplexity" and r["model"] == name}
@@ -227,11 +237,14 @@ def summary(rows: list[dict]) -> list[dict]:
         mem = next((r for r in rows if r["measure"] == "memory" and r["model"] == name), {})
         row = dict(measure="summary", model=name, perplexity=ppl, tokens_per_s=tps,
                    file_bytes=mem.get("file_bytes"), packed_bytes=mem.get("packed_bytes"),
-                   fp32_bytes=mem.get("fp32_bytes"))
-        if "jspec-packed" in ppl and "jspec-fp32" in ppl:
-            row["packed_over_fp32_perplexity"] = ppl["jspec-packed"] / ppl["jspec-fp32"] - 1.0
-        if PEER in ppl and "jspec-packed" in ppl:
-            row["packed_over_llama_cpp_perplexity"] = ppl["jspec-packed"] / ppl[PEER] - 1.0
+                   dequantized_bytes=mem.get("dequantized_bytes"))
+        dequantized = next((v for v in ppl if v not in (PACKED, PEER)), None)
+        if PACKED in ppl and dequantized:
+            row["packed_over_dequantized_perplexity"] = ppl[PACKED] / ppl[dequantized] - 1.0
+        if PACKED in tps and dequantized in tps:
+            row["packed_over_dequantized_tokens_per_s"] = tps[PACKED] / tps[dequantized]
+        if PEER in ppl and PACKED in ppl:
+            row["packed_over_llama_cpp_perplexity"] = ppl[PACKED] / ppl[PEER] - 1.0
         out.append(row)
     return out
 
@@ -241,20 +254,22 @@ def plot(rows: list[dict], path) -> None:
     models = list(dict.fromkeys(r["model"] for r in rows if r["measure"] != "summary"))
     peers = sorted({r["variant"] for r in rows if r["measure"] == "decode" and r["variant"].startswith(PEER)})
     palette = iter(("tab:green", "tab:olive", "tab:cyan", "tab:purple"))
-    colors = {"jspec-packed": "tab:blue", "jspec-fp32": "tab:orange", PEER: "tab:green"}
+    dequantized = next(r["variant"] for r in rows if r["measure"] == "perplexity" and r["variant"] not in (PACKED, PEER))
+    variants = (PACKED, dequantized)
+    colors = {PACKED: "tab:blue", dequantized: "tab:orange", PEER: "tab:green"}
     colors |= {v: next(palette, "tab:grey") for v in peers}
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-    for measure, ax, variants in (("perplexity", axes[0], [*VARIANTS, PEER]), ("decode", axes[2], [*VARIANTS, *peers])):
+    for measure, ax, variants in (("perplexity", axes[0], [*variants, PEER]), ("decode", axes[2], [*variants, *peers])):
         width = 0.8 / len(variants)
         for j, v in enumerate(variants):
             got = {r["model"]: r for r in rows if r["measure"] == measure and r["variant"] == v}
             xs = [i + (j - (len(variants) - 1) / 2) * width for i, m in enumerate(models) if m in got]
             if not xs:
                 continue
-            if measure == "perplexity":  # relative to fp32's, labelled with the perplexity itself
-                fp32 = {r["model"]: r["perplexity"] for r in rows if r["measure"] == measure
-                        and r["variant"] == "jspec-fp32"}
-                ys = [100 * (got[m]["perplexity"] / fp32[m] - 1) for m in models if m in got]
+            if measure == "perplexity":  # relative to the dequantized model's, labelled with the perplexity itself
+                base = {r["model"]: r["perplexity"] for r in rows if r["measure"] == measure
+                        and r["variant"] == dequantized}
+                ys = [100 * (got[m]["perplexity"] / base[m] - 1) for m in models if m in got]
                 labels = [f"{got[m]['perplexity']:.3f}" for m in models if m in got]
             else:
                 ys = [got[m]["tokens_per_s"] for m in models if m in got]
@@ -264,12 +279,12 @@ def plot(rows: list[dict], path) -> None:
         ax.set_xticks(range(len(models)), models, fontsize=8)
         ax.legend(fontsize=7)
     axes[0].axhline(0, color="grey", lw=0.8)
-    axes[0].set_title("perplexity vs jspec fp32's (%); labels: perplexity", fontsize=10)
+    axes[0].set_title(f"perplexity vs {dequantized}'s (%); labels: perplexity", fontsize=10)
     axes[2].set_title("greedy decode, batch 1 (tokens/s)", fontsize=10)
     mem = [next(r for r in rows if r["measure"] == "memory" and r["model"] == m) for m in models]
     for j, (key, label, color) in enumerate((("file_bytes", "GGUF file", "tab:grey"),
                                              ("packed_bytes", "jspec packed", "tab:blue"),
-                                             ("fp32_bytes", "jspec fp32", "tab:orange"))):
+                                             ("dequantized_bytes", dequantized, "tab:orange"))):
         bars = axes[1].bar([i + (j - 1) * 0.27 for i in range(len(models))], [r[key] / 1e6 for r in mem], 0.27,
                            label=label, color=color)
         axes[1].bar_label(bars, fmt="%.3g", fontsize=7)
@@ -285,8 +300,9 @@ def run(args) -> int:
     out = Path(args.out)
     rows = [r for r in report.read(out)["rows"] if r["measure"] != "summary"] if out.exists() else []
     done = {r["model"] for r in rows if r["measure"] == "memory" and r["model"] != "tiny"}
-    env = report.environment(np.float32, args.seed, weights="real GGUF files: " + ", ".join(args.models))
-    notes = (f"CPU, {os.cpu_count()} cores; perplexity over non-overlapping windows of {args.context} token ids of "
+    env = report.environment(jnp.dtype(args.dtype), args.seed, weights="real GGUF files: " + ", ".join(args.models))
+    where = "CPU" if jax.default_backend() == "cpu" else jax.devices()[0].device_kind
+    notes = (f"{where}, {os.cpu_count()} cores; perplexity over non-overlapping windows of {args.context} token ids of "
              "jspec/bench/data/perplexity_passage.json (jspec's tokenizer, no BOS), every token but a window's first "
              "scored, float64 log-softmax; memory = bytes of the parameter pytree; decode = greedy batch 1, "
              f"{args.new_tokens} new tokens after {args.prompt_tokens} prompt ids, prefill included, median of "
@@ -313,8 +329,8 @@ def register(subparsers):
     parent = common(out_help="JSON output path (a PNG plot is written beside it)", out_required=True, repeats=3,
                     dtype="float32", repeats_help="timed decode samples after a warm-up; the median is reported "
                                                   "(default 3)")
-    s = subcommand(subparsers, "gguf-quality", help="a GGUF file's quantization kept packed vs fp32 vs llama.cpp: "
-                                                    "perplexity, parameter bytes, CPU decode tokens/s",
+    s = subcommand(subparsers, "gguf-quality", help="a GGUF file's quantization kept packed vs dequantized vs llama.cpp: "
+                                                    "perplexity, parameter bytes, decode tokens/s",
                    description=__doc__, run=run, parents=[parent],
                    tiny=dict(models=["tiny"], context=32, new_tokens=8, prompt_tokens=8, repeats=1))
     s.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"],

@@ -45,9 +45,11 @@ DECODE_NOTES = ("ms: median of --repeats runs of a jit with --inner chained call
 
 def bench_decode_one(batch, num_q, context, *, hq=32, hkv=8, head_dim=128, lengths=None,
                      impls=("pallas", "xla", "cudnn"), inner=10, repeats=10, kernel_kw=None, device_repeats=5,
-                     dtype="bfloat16", seed=0):
+                     dtype="bfloat16", seed=0, block=False):
     """Wall time per call (``ms``) and, on a GPU, the summed GPU time of the kernels of one call
-    after an L2 flush (``device_ms``), with their spreads in ``timings``."""
+    after an L2 flush (``device_ms``), with their spreads in ``timings``. ``block``: the last
+    ``num_q`` rows see one another both ways (an all-true tail mask: a DFlash block, which is also
+    what cuDNN's non-causal attention with key lengths computes); else causal among them."""
     import jax
     import jax.numpy as jnp
 
@@ -60,16 +62,19 @@ def bench_decode_one(batch, num_q, context, *, hq=32, hkv=8, head_dim=128, lengt
     q, k, v, lens, pos = decode_attention_inputs(batch, num_q, hq, hkv, context, head_dim, lengths, seed=seed,
                                                  dtype=dtype)
     kv_bytes = 2 * hkv * head_dim * dtype.itemsize * int(sum(lengths))
-    row = dict(measure="decode_attention", batch=batch, num_q=num_q, max_len=context,
+    tail = jnp.ones((batch, num_q, num_q), bool) if block else None
+    row = dict(measure="decode_attention", batch=batch, num_q=num_q, block=block, max_len=context,
                mean_length=float(np.mean(lengths)), num_q_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
                dtype=dtype.name, kv_bytes=kv_bytes, ms={}, device_ms={}, timings={})
     # cuDNN and tokamax get their own layout [B, S, Hkv, D], transposed outside the timed region.
     # Non-causal with key lengths: for num_q > 1 they skip the causal rule among the last num_q rows.
     own_layout = (jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), lens) if set(impls) - {"pallas", "xla"} else ()
     steps = {
-        "pallas": (lambda c, k, v, lens, p: decode_attention_pallas(c, k, v, lens, q_positions=p, **(kernel_kw or {})),
+        "pallas": (lambda c, k, v, lens, p: decode_attention_pallas(c, k, v, lens, q_positions=p, tail_mask=tail,
+                                                                    **(kernel_kw or {})),
                    (k, v, lens, pos)),
-        "xla": (lambda c, k, v, lens, p: decode_attention_reference(c, k, v, lens, q_positions=p), (k, v, lens, pos)),
+        "xla": (lambda c, k, v, lens, p: decode_attention_reference(c, k, v, lens, q_positions=p, tail_mask=tail),
+                (k, v, lens, pos)),
         "cudnn": (lambda c, k, v, lens: jax.nn.dot_product_attention(c, k, v, key_value_seq_lengths=lens,
                                                                      implementation="cudnn"),
                   own_layout),
@@ -114,7 +119,7 @@ def finish_row(row, copy_tb_s, which):
 def _bench(args, batch, num_q, context, copy_tb_s, which, **kw):
     hq, hkv, head_dim = args.heads
     row = bench_decode_one(batch, num_q, context, hq=hq, hkv=hkv, head_dim=head_dim, inner=args.inner,
-                           device_repeats=args.device_repeats, dtype=args.dtype, seed=args.seed,
+                           device_repeats=args.device_repeats, dtype=args.dtype, seed=args.seed, block=args.block,
                            **{"repeats": args.repeats, **kw})
     return finish_row(row, copy_tb_s, which)
 
@@ -340,6 +345,8 @@ def _decode_flags(p):
     p.add_argument("--batches", type=ints, default=[1, 8, 32])
     p.add_argument("--contexts", type=ints, default=[1024, 4096, 16384, 32768, 65536, 131072])
     p.add_argument("--queries", type=ints, default=[1, 5])
+    p.add_argument("--block", action="store_true",
+                   help="the query rows see one another both ways, as a DFlash block does (default: causally)")
     p.add_argument("--heads", type=lambda s: tuple(ints(s.replace("x", ","))), default=(32, 8, 128),
                    help="'QHEADSxKVHEADSxHEAD_DIM' (default 32x8x128, Llama-3.1-8B; Gemma 4 31B full layers: 32x4x512)")
     p.add_argument("--max-kv-gb", type=float, default=20.0, help="skip sizes whose K+V exceed this (default 20 GB)")
