@@ -1,5 +1,5 @@
-"""gguf-quality: a real GGUF file's quantization kept packed against the same file dequantized to
-its dequantized self, and llama.cpp on the same file as the peer: perplexity, parameter bytes and decode speed.
+"""gguf-quality: a real GGUF file's quantization kept packed against its dequantized self, and
+llama.cpp on the same file as the peer: perplexity, parameter bytes and decode speed.
 
 For every model (a known name or a ``.gguf`` file), jspec loads the file twice: with its quantization
 kept packed (``jspec.load_gguf(path, quantized=True)``) and dequantized, both in ``--dtype`` (the
@@ -10,7 +10,8 @@ and ``jspec-fp32`` / ``jspec-bf16``, the dequantized one the reference of every 
   English essay): its token ids (jspec's tokenizer, no BOS) cut into non-overlapping windows of
   ``--context`` tokens, each scored alone (``jspec.score``, batch 1); every token of a window but its
   first is predicted from the ones before it; perplexity = exp(mean negative log-likelihood), the
-  log-softmax in float64. Rows also compare each variant's per-token NLL and top-1 token with the dequantized model's.
+  log-softmax in float64. Rows also compare each variant's per-token NLL and top-1 token with the
+  dequantized model's.
 * **memory**: bytes of the parameter pytree (what sits on the device) packed and dequantized, and
   the file's size.
 * **decode**: greedy batch-1 ``jspec.generate`` of ``--new-tokens`` tokens after the passage's first
@@ -54,12 +55,13 @@ PASSAGE = Path(__file__).with_name("data") / "perplexity_passage.json"
 PEER_SCRIPT = Path(__file__).with_name("llama_cpp_peer.py")
 PACKED = "jspec-packed"
 DEQUANTIZED = {"float32": "jspec-fp32", "bfloat16": "jspec-bf16"}  # by --dtype
+PEER = "llama.cpp"
 
 
 def dequantized_variant(dtype) -> str:
+    """The dequantized model's variant name for a ``--dtype``."""
     name = jnp.dtype(dtype).name
     return DEQUANTIZED.get(name, f"jspec-{name}")
-PEER = "llama.cpp"
 
 
 def passage_text(path=PASSAGE) -> str:
@@ -254,12 +256,13 @@ def plot(rows: list[dict], path) -> None:
     models = list(dict.fromkeys(r["model"] for r in rows if r["measure"] != "summary"))
     peers = sorted({r["variant"] for r in rows if r["measure"] == "decode" and r["variant"].startswith(PEER)})
     palette = iter(("tab:green", "tab:olive", "tab:cyan", "tab:purple"))
-    dequantized = next(r["variant"] for r in rows if r["measure"] == "perplexity" and r["variant"] not in (PACKED, PEER))
-    variants = (PACKED, dequantized)
+    dequantized = next(r["variant"] for r in rows
+                       if r["measure"] == "perplexity" and r["variant"] not in (PACKED, PEER))
     colors = {PACKED: "tab:blue", dequantized: "tab:orange", PEER: "tab:green"}
     colors |= {v: next(palette, "tab:grey") for v in peers}
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-    for measure, ax, variants in (("perplexity", axes[0], [*variants, PEER]), ("decode", axes[2], [*variants, *peers])):
+    for measure, ax, variants in (("perplexity", axes[0], [PACKED, dequantized, PEER]),
+                                  ("decode", axes[2], [PACKED, dequantized, *peers])):
         width = 0.8 / len(variants)
         for j, v in enumerate(variants):
             got = {r["model"]: r for r in rows if r["measure"] == measure and r["variant"] == v}
@@ -329,8 +332,8 @@ def register(subparsers):
     parent = common(out_help="JSON output path (a PNG plot is written beside it)", out_required=True, repeats=3,
                     dtype="float32", repeats_help="timed decode samples after a warm-up; the median is reported "
                                                   "(default 3)")
-    s = subcommand(subparsers, "gguf-quality", help="a GGUF file's quantization kept packed vs dequantized vs llama.cpp: "
-                                                    "perplexity, parameter bytes, decode tokens/s",
+    s = subcommand(subparsers, "gguf-quality", help="a GGUF file's quantization kept packed vs dequantized vs "
+                                                    "llama.cpp: perplexity, parameter bytes, decode tokens/s",
                    description=__doc__, run=run, parents=[parent],
                    tiny=dict(models=["tiny"], context=32, new_tokens=8, prompt_tokens=8, repeats=1))
     s.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"],
