@@ -35,9 +35,9 @@ NOTES = ("weights: the format of every matmul weight and table (bf16, or quantiz
          "jspec.quantize on the device); weight_bytes: the bytes a step reads in it, so roofline_fraction is against "
          "the format's own roofline; ms_per_token: generate's on-device while loop, (T(n) - T(1)) / (n - 1) of "
          "medians; step_profile / verify[].profile: the GPU kernels of one dispatched forward of 1 / each "
-         "--verify-rows rows (profiler: total ms, "
-         "count, NCCL ms under --tp, the top kernels by time), since the profiler does not see the kernels inside the "
-         "while loop; verify_ms: wall time of that verify forward (all logits)")
+         "--verify-rows rows (profiler: total ms, count, NCCL ms under --tp, the top kernels by time), since the "
+         "profiler does not see the kernels inside the while loop; verify_ms: wall time of that verify forward "
+         "(all logits)")
 
 
 _start_decoding = jax.jit(engine.start_decoding, static_argnames=("params", "eos_ids", "output_width", "max_len"))

@@ -64,6 +64,11 @@ def dequantized_variant(dtype) -> str:
     return DEQUANTIZED.get(name, f"jspec-{name}")
 
 
+def dequantized_among(variants):
+    """The dequantized model's variant among ``variants`` (None if absent)."""
+    return next((v for v in variants if v not in (PACKED, PEER)), None)
+
+
 def passage_text(path=PASSAGE) -> str:
     return json.loads(Path(path).read_text())["text"]
 
@@ -240,7 +245,7 @@ def summary(rows: list[dict]) -> list[dict]:
         row = dict(measure="summary", model=name, perplexity=ppl, tokens_per_s=tps,
                    file_bytes=mem.get("file_bytes"), packed_bytes=mem.get("packed_bytes"),
                    dequantized_bytes=mem.get("dequantized_bytes"))
-        dequantized = next((v for v in ppl if v not in (PACKED, PEER)), None)
+        dequantized = dequantized_among(ppl)
         if PACKED in ppl and dequantized:
             row["packed_over_dequantized_perplexity"] = ppl[PACKED] / ppl[dequantized] - 1.0
         if PACKED in tps and dequantized in tps:
@@ -256,8 +261,7 @@ def plot(rows: list[dict], path) -> None:
     models = list(dict.fromkeys(r["model"] for r in rows if r["measure"] != "summary"))
     peers = sorted({r["variant"] for r in rows if r["measure"] == "decode" and r["variant"].startswith(PEER)})
     palette = iter(("tab:green", "tab:olive", "tab:cyan", "tab:purple"))
-    dequantized = next(r["variant"] for r in rows
-                       if r["measure"] == "perplexity" and r["variant"] not in (PACKED, PEER))
+    dequantized = dequantized_among(r["variant"] for r in rows if r["measure"] == "perplexity")
     colors = {PACKED: "tab:blue", dequantized: "tab:orange", PEER: "tab:green"}
     colors |= {v: next(palette, "tab:grey") for v in peers}
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))

@@ -115,10 +115,10 @@ def _auto_uses_kernel(m: int) -> bool:
     return m <= MAX_M
 
 
-# Whether ``auto`` fuses a gate into the kernel. It does not: in an int8 Llama-3.1-8B decode step on
-# the H200 the fused gate|up ran at 1.1 TB/s (its tiling: 32-column tiles, no split-K, as a gate
-# needs whole sums), the unfused q|k|v, o and down at 1.75-2.15 TB/s
-# (benchmarks/quant_decode_h200_8b.json), so the product runs unfused and the gate beside it.
+# Whether ``auto`` fuses a gate into the kernel. It does not: fused, the gate|up of an int8
+# Llama-3.1-8B decode step on the H200 ran at 1.1 TB/s (32-column tiles, no split-K, as a gate needs
+# whole sums) and the step took 5.745 ms; unfused, 2.0 TB/s and 4.276 ms
+# (benchmarks/quant_decode_h200.json).
 AUTO_FUSES_GATE = False
 
 
