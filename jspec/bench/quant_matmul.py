@@ -103,24 +103,27 @@ class Weights:
 
 def candidates(fmt, m, k, n):
     """Tilings the sweep tries: column tiles 32..256, K steps of 64..256 bytes a column, split-K to
-    about two waves of programs; for up to ``GEMV_MAX_M`` rows the same without a dot (``gemv``).
-    The default tiling is timed as ``kernel`` anyway."""
+    about two waves of programs; over a short K (under 1024: SmolLM2's 576, Qwen2.5-0.5B's 896) one
+    split of 16..64-column tiles instead, as the bf16 kernel's short-K tiling has it; for up to
+    ``GEMV_MAX_M`` rows the same without a dot (``gemv``). The default tiling is timed as ``kernel``
+    anyway."""
     from jax.experimental import pallas as pl
 
     from pallas_kernels.matmul import quantized_kernel as qk
-    from pallas_kernels.matmul.skinny_tilings import GEMV_MAX_M, SkinnyConfig
+    from pallas_kernels.matmul.skinny_tilings import GEMV_MAX_M, SHORT_K, SkinnyConfig
 
     per_byte = 2 if fmt.startswith("int4") else 1 if fmt != "bf16" else 0.5
     loader = None if fmt == "bf16" else qk.quantized_loader(*_abstract_parts(fmt, k, n))[0]
+    short_k = k < SHORT_K
     out = []
     for gemv in (False, True) if m <= GEMV_MAX_M else (False,):
-        for block_n in (32, 64, 128, 256):
+        for block_n in (16, 32, 64) if short_k else (32, 64, 128, 256):
             for step_bytes in (64, 128, 256):
                 block_k = int(step_bytes * per_byte)
                 if block_k > k or (loader and loader.substep(block_k) < qk._MIN_SUBSTEP[loader.format]):
                     continue
                 split = 1
-                while pl.cdiv(n, block_n) * split < 2 * 132 and pl.cdiv(k, 2 * split) >= 2 * block_k:
+                while not short_k and pl.cdiv(n, block_n) * split < 2 * 132 and pl.cdiv(k, 2 * split) >= 2 * block_k:
                     split *= 2
                 warps = 8 if block_n * block_k >= 256 * 256 else 4
                 out.append(SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split, num_warps=warps,

@@ -75,7 +75,7 @@ def _m_bucket(m: int) -> int:
 # split-K sum's own launch costs more than the parallelism it buys (a small model's decode step runs
 # faster on these tiles than on the rule's split-K tiles or XLA's dots; figures: benchmarks/README.md,
 # skinny matmul).
-_SHORT_K = 1024
+SHORT_K = 1024
 _SHORT_K_ONE_ROW = SkinnyConfig(block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=4)
 
 
@@ -87,7 +87,7 @@ def default_config(m: int, k: int, n: int, itemsize: int = 2) -> SkinnyConfig:
     tuned = _TUNED.get((k, n), {}).get(_m_bucket(m)) if itemsize == 2 else None
     if tuned is not None:
         return SkinnyConfig(*tuned[0])
-    if m <= 2 and k < _SHORT_K and itemsize == 2:
+    if m <= 2 and k < SHORT_K and itemsize == 2:
         return _SHORT_K_ONE_ROW
     return _rule_config(k, n, itemsize)
 
