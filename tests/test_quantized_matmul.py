@@ -49,7 +49,9 @@ def _check(out, ref, tol=1e-2):
 
 @pytest.mark.parametrize("scheme,m,k,n,cfg", [
     ("int8", 1, 200, 150, CFG),  # per channel, K ragged against the step
-    ("fp8", 1, 200, 150, None),  # the default one-row tiling: no dot (gemv)
+    ("fp8", 1, 200, 150, SkinnyConfig(64, 64, 1, gemv=True)),  # 8-bit one row without a dot (gemv)
+    ("fp8", 1, 200, 150, None),  # a small projection's one-row default: 32-column dot tiles, one split
+    ("int4-g32", 1, 320, 150, None),  # ... int4's: gemv in 256-row steps, one split
     ("int4-g32", 2, 320, 150, SkinnyConfig(64, 64, 2, gemv=True)),  # gemv over two rows and two splits
     ("int8", 80, 200, 150, None),  # the kernel's most rows: one 128-row tile
     ("fp8", 3, 200, 150, CFG),
@@ -181,6 +183,9 @@ _VALUES = {"int4": jnp.uint8, "int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
     ("int8", 16, 4096, 4096, False, None),
     ("int8-g32-mins", 3, 1000 - 1000 % 32, 777, False, None),  # ragged N and K steps
     ("fp8", 1, 4096, 128256, True, None),
+    ("int4-g32", 1, 576, 3072, False, None),  # SmolLM2-135M's gate | up: short K, gemv
+    ("int8-g32", 1, 1536, 576, False, None),  # its down: 64-column tiles, split-K
+    ("int4-g32", 1, 576, 49152, True, None),  # its tied LM head
 ])
 def test_kernel_lowers_for_cuda(scheme, m, k, n, transposed, gated):
     s = Scheme.parse(scheme)

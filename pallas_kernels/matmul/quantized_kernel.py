@@ -34,7 +34,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.dispatch import interpret_mode
 from pallas_kernels.matmul.skinny_kernel import Slab, load, and2d, skinny_call
-from pallas_kernels.matmul.skinny_tilings import SkinnyConfig, _pow2_at_least, _NUM_SMS, gated_config
+from pallas_kernels.matmul.skinny_tilings import SHORT_K, SkinnyConfig, _pow2_at_least, _NUM_SMS, gated_config
 
 MAX_M = 80  # rows the quantized kernel takes in one tile (a batch of 16 verifying 4 drafts)
 INT8, FP8, INT4_PAIRS = jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.uint8)
@@ -164,20 +164,30 @@ def quantized_loader(values, scales, mins=None, *, w_transposed=False) -> tuple[
 
 def quantized_config(m: int, k: int, n: int, loader: QuantizedLoader, gated: bool = False) -> SkinnyConfig:
     """The tiling for x [m, k] @ a quantized w [k, n]; ``gated``: the tiling of the fused
-    ``[gate | up]`` product (``gated_config``). From a sweep on an H200 (Llama-3.1-8B's o, gate|up and
-    down at M = 1; ``python -m jspec.bench quant-matmul --sweep``): 8-bit at one row without a dot
-    (``gemv``, 64-row K steps, 128 columns: 1.5-2.0 TB/s against 1.0-1.4 for the dot, which wins
-    again from a few rows); int4 with the dot, 128-row K steps (64 bytes a column) and 256 columns
-    (0.8-1.1 TB/s, 2.5x the 256-row steps); split-K until about two programs a SM."""
-    gemv = loader.format != "int4" and m == 1
-    if gemv:
-        block_k, block_n = 64, 128
+    ``[gate | up]`` product (``gated_config``). From sweeps on an H200 (``python -m jspec.bench
+    quant-matmul --sweep``; figures: benchmarks/README.md, quantized matmul). Llama-3.1-8B's o, gate|up
+    and down at M = 1: 8-bit at one row without a dot (``gemv``, 64-row K steps, 128 columns: 1.5-2.0
+    TB/s against 1.0-1.4 for the dot, which wins again from a few rows); int4 with the dot, 128-row K
+    steps (64 bytes a column) and 256 columns (0.8-1.1 TB/s, 2.5x the 256-row steps); split-K until
+    about two programs a SM. A small model's projection at M = 1 (K or N under ``SHORT_K``:
+    SmolLM2-135M's) is a few microseconds, bound by how many programs stream it, not by their
+    bytes: 32-column tiles (64 for 8-bit over a long K); int4 over a short K without a dot in
+    256-row steps, 8-bit with the dot in 64-row steps; over a short K one split, as the bf16 kernel's
+    short-K tiling (2-3x the wide tiles' speed)."""
+    if m == 1 and min(k, n) < SHORT_K:
+        short_k, int4 = k < SHORT_K, loader.format == "int4"
+        gemv = int4 and short_k
+        block_k, block_n = (256 if gemv else 128 if int4 else 64), (32 if int4 or short_k else 64)
     else:
-        block_k, block_n = 128, (256 if loader.format == "int4" else 128) if m <= 32 else 64  # 128-row tiles: narrower
+        short_k, gemv = False, loader.format != "int4" and m == 1
+        if gemv:
+            block_k, block_n = 64, 128
+        else:
+            block_k, block_n = 128, (256 if loader.format == "int4" else 128) if m <= 32 else 64  # 128-row tiles: narrower
     block_k = min(block_k, _pow2_at_least(k, _MIN_SUBSTEP[loader.format]))
     block_n = min(block_n, _pow2_at_least(n, 16))
     tiles, split_k = pl.cdiv(n, block_n), 1
-    while tiles * split_k < 2 * _NUM_SMS and pl.cdiv(k, 2 * split_k) >= 2 * block_k:
+    while not short_k and tiles * split_k < 2 * _NUM_SMS and pl.cdiv(k, 2 * split_k) >= 2 * block_k:
         split_k *= 2
     config = SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=4, num_stages=4, gemv=gemv)
     if not gated:
