@@ -21,7 +21,7 @@ AWQ, GPTQ) keeps its own quantization packed by default (``file``: exact against
 weights, a fraction of their bytes); ``int8`` / ``fp8`` / ``int4`` / ``int4-g64`` ... quantize any
 model at load (``jspec.quantize``, round to nearest); ``bfloat16`` dequantizes to bfloat16 arrays.
 Packed weights save memory, not yet time: an 8B model decodes as fast packed as in bfloat16, and the
-135M SmolLM2 file at 0.37x bfloat16's speed on an H200 (``benchmarks/README.md``), so ``--weights
+135M SmolLM2 file at 0.66x bfloat16's speed on an H200 (``benchmarks/README.md``), so ``--weights
 bfloat16`` is the faster choice for a small model.
 """
 
