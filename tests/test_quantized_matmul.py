@@ -88,13 +88,16 @@ def test_kernel_reads_a_table_stored_n_by_k(scheme, m):
     _check(out, quantized_matmul_reference(x, *parts, w_transposed=True))
 
 
-@pytest.mark.parametrize("scheme", ["int4-g64", "fp8"])
-def test_kernel_gates_the_activation(scheme):
+@pytest.mark.parametrize("scheme,m,cfg", [
+    ("int4-g64", 5, SkinnyConfig(block_n=64, block_k=64)),
+    ("fp8", 5, SkinnyConfig(block_n=64, block_k=64)),
+    ("int4-g32", 1, None),  # a small projection's one-row default: gemv
+])
+def test_kernel_gates_the_activation(scheme, m, cfg):
     parts = _weight(scheme, 256, 256)
-    x = _x(5, 256)
-    out = qk.quantized_matmul_pallas(x, *parts, config=SkinnyConfig(block_n=64, block_k=64), interpret=True,
-                                     gated="silu")
-    assert out.shape == (5, 128)
+    x = _x(m, 256)
+    out = qk.quantized_matmul_pallas(x, *parts, config=cfg, interpret=True, gated="silu")
+    assert out.shape == (m, 128)
     _check(out, quantized_matmul_reference(x, *parts, gated="silu"), tol=2e-2)  # the gate's bf16 rounding
 
 
