@@ -222,3 +222,14 @@ def test_bench_subcommand_parses_and_its_sweep_tilings_fit_the_kernel():
         assert len(tilings) >= 6
         for tiling in tilings:
             loader.check(tiling.block_k)
+
+
+def test_the_sweep_compiles_its_tilings_in_threads_and_sets_aside_those_that_fail():
+    from jspec.bench import quant_matmul
+
+    fns = {"xla": jax.jit(lambda x: x + 1), "kernel": jax.jit(lambda x: x * 2),
+           "kernel bad": jax.jit(lambda x: x.reshape(7))}  # a tiling that cannot lower
+    ok, failed = quant_matmul.compiled(fns, jnp.ones(4), (), threads=2)
+    assert set(ok) == {"xla", "kernel"} and set(failed) == {"kernel bad"}
+    assert isinstance(failed["kernel bad"], TypeError)
+    np.testing.assert_array_equal(ok["kernel"](jnp.ones(4)), 2)

@@ -144,6 +144,36 @@ def _abstract_parts(fmt, k, n):
     return values, jax.ShapeDtypeStruct((groups, n), jnp.bfloat16), None
 
 
+def compiled(fns, x, parts, threads):
+    """``fns`` compiled for ``(x, *parts)`` and run once, the compiles in ``threads`` parallel threads (XLA
+    releases the GIL; a sweep's Triton compiles took most of its time one after another):
+    ``({name: compiled fn}, {name: exception})``, the second for those that fail to lower, compile or
+    run."""
+    import concurrent.futures
+
+    import jax
+
+    lowered, failed = {}, {}
+    for name, fn in fns.items():  # tracing and lowering are Python: one after another
+        try:
+            lowered[name] = fn.lower(x, *parts)
+        except Exception as e:  # noqa: BLE001
+            failed[name] = e
+
+    def build(name):
+        try:
+            fn = lowered[name].compile()
+            jax.block_until_ready(fn(x, *parts))
+            return fn
+        except Exception as e:  # noqa: BLE001
+            return e
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
+        built = dict(zip(lowered, pool.map(build, lowered)))
+    failed.update({name: fn for name, fn in built.items() if isinstance(fn, Exception)})
+    return {name: fn for name, fn in built.items() if not isinstance(fn, Exception)}, failed
+
+
 def gpu_times(fns, x, parts, repeats):
     """``{name: Timing}`` of one call each: GPU time after an L2 flush (interleaved), or wall time
     off a GPU."""
@@ -221,17 +251,15 @@ def measure(args, copy_tb_s, deadline):
                     configs = [best]
                 row = dict(measure="quant_matmul", shape=f"{k}x{n}{'t' if transposed else ''}", k=k, n=n, m=m,
                            format=fmt, weight_bytes=nbytes, timings={}, gpu_us={}, tb_s={}, of_copy={})
-                fns = weights.functions(fmt, configs)
-                for config in configs:  # a tiling this GPU cannot run (e.g. out of shared memory) is left out
-                    try:
-                        jax.block_until_ready(fns[f"kernel {config}"](x, *parts))
-                    except Exception as e:  # noqa: BLE001
-                        del fns[f"kernel {config}"]
-                        row.setdefault("failed_configs", []).append(f"{config}: {repr(e)[:200]}")
+                fns, failed = compiled(weights.functions(fmt, configs), x, parts, args.compile_threads)
+                for name, e in failed.items():  # a tiling this GPU cannot run (e.g. out of shared memory) is left out
+                    row.setdefault("failed_configs", []).append(f"{name.removeprefix('kernel ')}: {repr(e)[:200]}")
                 configs = [c for c in configs if f"kernel {c}" in fns]
                 try:
+                    if failed.keys() & {"xla", "kernel"}:  # the row says so
+                        raise failed.get("kernel", failed.get("xla"))
                     timings = gpu_times(fns, x, parts, args.repeats)
-                except Exception as e:  # noqa: BLE001 (e.g. a tiling the Triton compiler refuses: the row says so)
+                except Exception as e:  # noqa: BLE001 (e.g. a default tiling the Triton compiler refuses)
                     rows.append(dict(row, error=repr(e)[:1000]))
                     continue
                 if configs:
@@ -362,6 +390,7 @@ def register(subparsers):
     ap.add_argument("--sweep-ms", default="1,16", help="row counts the sweep tunes (others reuse the last best)")
     ap.add_argument("--deadline", type=float, default=1e9,
                     help="seconds after start when the measurement stops (partial JSON)")
+    ap.add_argument("--compile-threads", type=int, default=8, help="the sweep's tilings compile in parallel threads")
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--torch-only", action="store_true", help=argparse.SUPPRESS)
