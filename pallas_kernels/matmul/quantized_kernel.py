@@ -182,8 +182,8 @@ def quantized_config(m: int, k: int, n: int, loader: QuantizedLoader, gated: boo
         short_k, gemv = False, loader.format != "int4" and m == 1
         if gemv:
             block_k, block_n = 64, 128
-        else:
-            block_k, block_n = 128, (256 if loader.format == "int4" else 128) if m <= 32 else 64  # 128-row tiles: narrower
+        else:  # 128-row tiles (from 33 rows): narrower
+            block_k, block_n = 128, (256 if loader.format == "int4" else 128) if m <= 32 else 64
     block_k = min(block_k, _pow2_at_least(k, _MIN_SUBSTEP[loader.format]))
     block_n = min(block_n, _pow2_at_least(n, 16))
     tiles, split_k = pl.cdiv(n, block_n), 1
