@@ -10,7 +10,8 @@ One run does, in order:
   3. the measurement: for every shape, format and row count, the GPU time of one call (the
      profiler's kernel times, each call right after an L2 flush, interleaved, median of
      ``--repeats``) of XLA (``xla``) and of the kernel (``kernel``: the default tiling; with
-     ``--sweep``, ``kernel_best`` and its tiling from a time-boxed sweep at the ``--sweep-ms`` rows);
+     ``--sweep``, ``kernel_best`` and its tiling from a time-boxed sweep at the ``--sweep-ms`` rows,
+     every tiling's time in ``sweep_us``, the tilings compiled in ``--compile-threads`` threads);
      the bytes streamed (values + scales + mins, or the bf16 weight) per second and as a fraction
      of the copy bandwidth.
 
@@ -129,6 +130,12 @@ def candidates(fmt, m, k, n):
                 out.append(SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split, num_warps=warps,
                                         num_stages=4, gemv=gemv))
     return list(dict.fromkeys(out))
+
+
+def _tiling(config) -> str:
+    """A tiling in a few characters: ``n32 k256 s1 w4 st4 gemv``."""
+    return (f"n{config.block_n} k{config.block_k} s{config.split_k} w{config.num_warps} st{config.num_stages}"
+            + (" gemv" if config.gemv else ""))
 
 
 def _abstract_parts(fmt, k, n):
@@ -265,6 +272,7 @@ def measure(args, copy_tb_s, deadline):
                 if configs:
                     name, best = min(((f"kernel {c}", c) for c in configs), key=lambda nc: timings[nc[0]].median_s)
                     row["best_config"] = repr(best)
+                    row["sweep_us"] = {_tiling(c): timings[f"kernel {c}"].median_s * 1e6 for c in configs}
                     timings = {"xla": timings["xla"], "kernel": timings["kernel"], "kernel_best": timings[name]}
                 for name, t in timings.items():
                     row["timings"][name] = t.as_dict("us")
