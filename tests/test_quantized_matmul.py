@@ -79,12 +79,13 @@ def test_kernel_in_fp32_matches_to_fp32_rounding():
     _check(out, quantized_matmul_reference(x, q.values, q.scales, q.mins), tol=1e-5)
 
 
-@pytest.mark.parametrize("scheme,m", [("int4-g32", 3), ("int8", 1)])
-def test_kernel_reads_a_table_stored_n_by_k(scheme, m):
+@pytest.mark.parametrize("scheme,m,cfg", [("int4-g32", 3, CFG), ("int8", 1, CFG),
+                                          ("int4-g32", 1, None)])  # a small model's head: gemv by default
+def test_kernel_reads_a_table_stored_n_by_k(scheme, m, cfg):
     """A tied LM head: the quantized embedding table [V, H] contracted as stored."""
     parts = _weight(scheme, 320, 150, transposed=True)
     x = _x(m, 320)
-    out = qk.quantized_matmul_pallas(x, *parts, config=CFG, interpret=True, w_transposed=True)
+    out = qk.quantized_matmul_pallas(x, *parts, config=cfg, interpret=True, w_transposed=True)
     _check(out, quantized_matmul_reference(x, *parts, w_transposed=True))
 
 
