@@ -152,13 +152,12 @@ def _abstract_parts(fmt, k, n):
 
 
 def compiled(fns, x, parts, threads):
-    """``fns`` compiled for ``(x, *parts)`` and run once, the compiles in ``threads`` parallel threads (XLA
-    releases the GIL; a sweep's Triton compiles took most of its time one after another):
-    ``({name: compiled fn}, {name: exception})``, the second for those that fail to lower, compile or
-    run."""
-    import concurrent.futures
-
+    """``fns`` compiled for ``(x, *parts)`` (in ``threads`` parallel threads: a sweep's Triton compiles
+    took most of its time one after another) and run once: ``({name: compiled fn}, {name: exception})``,
+    the second for those that fail to lower, compile or run."""
     import jax
+
+    from jspec.bench.timing import compile_all
 
     lowered, failed = {}, {}
     for name, fn in fns.items():  # tracing and lowering are Python: one after another
@@ -166,19 +165,16 @@ def compiled(fns, x, parts, threads):
             lowered[name] = fn.lower(x, *parts)
         except Exception as e:  # noqa: BLE001
             failed[name] = e
-
-    def build(name):
+    ok = {}
+    for name, fn in compile_all(lowered, threads, keep_errors=True).items():
         try:
-            fn = lowered[name].compile()
+            if isinstance(fn, Exception):
+                raise fn
             jax.block_until_ready(fn(x, *parts))
-            return fn
+            ok[name] = fn
         except Exception as e:  # noqa: BLE001
-            return e
-
-    with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
-        built = dict(zip(lowered, pool.map(build, lowered)))
-    failed.update({name: fn for name, fn in built.items() if isinstance(fn, Exception)})
-    return {name: fn for name, fn in built.items() if not isinstance(fn, Exception)}, failed
+            failed[name] = e
+    return ok, failed
 
 
 def gpu_times(fns, x, parts, repeats):

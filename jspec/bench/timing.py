@@ -139,10 +139,19 @@ def torch_kernel_seconds(fn: Callable[[], object]) -> float:
     return sum(e.self_device_time_total for e in prof.key_averages()) * 1e-6
 
 
-def compile_all(lowered: dict, threads: int = 8) -> dict:
-    """``{key: lowered.compile()}``, compiled in ``threads`` parallel threads (XLA releases the GIL)."""
+def compile_all(lowered: dict, threads: int = 8, *, keep_errors: bool = False) -> dict:
+    """``{key: lowered.compile()}``, compiled in ``threads`` parallel threads (XLA releases the GIL).
+    ``keep_errors``: a program that fails to compile maps to its exception instead of raising it."""
+    def build(low):
+        try:
+            return low.compile()
+        except Exception as e:  # noqa: BLE001
+            if not keep_errors:
+                raise
+            return e
+
     with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
-        return dict(zip(lowered, pool.map(lambda low: low.compile(), lowered.values())))
+        return dict(zip(lowered, pool.map(build, lowered.values())))
 
 
 def own_times(events: list[tuple[int, str, int]]) -> list[tuple[str, float]]:
