@@ -84,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=positive_int, default=8, help="DFlash: the block (B - 1 drafts a round)")
     p.add_argument("--dflash-layers", type=positive_int, default=2, help="DFlash: draft layers")
     p.add_argument("--ttt", type=positive_int, default=4, help="draft steps unrolled (training-time test)")
-    p.add_argument("--anchors", type=positive_int, default=16, help="anchor rows per window for steps >= 1")
+    p.add_argument("--anchors", type=positive_int, help="anchor rows per window: EAGLE-3 / MTP steps >= 1 start "
+                   "there (default 16), DFlash blocks start there (default: a quarter of the rows; the published recipe "
+                   "samples up to 512 a sequence)")
     p.add_argument("--hard-labels", action="store_true", help="train on the target's greedy token only (default: "
                                                                   "distil its whole next-token distribution)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW, warmup + cosine)")
@@ -210,6 +212,10 @@ def main(argv=None) -> int:
     if args.drafter == "dflash" and args.eval_k > args.block_size - 1:
         parser.error(f"--eval-k {args.eval_k}: a DFlash block of --block-size {args.block_size} drafts at most "
                      f"{args.block_size - 1} tokens a round")
+    if args.anchors is None:
+        args.anchors = min(max(args.width // 4, 1) if args.drafter == "dflash" else 16, args.width)
+    elif args.anchors > args.width:
+        parser.error(f"--anchors {args.anchors}: more than the --width {args.width} rows of a window")
     import jax
     import jax.numpy as jnp
     from tqdm.auto import tqdm
@@ -243,8 +249,8 @@ def main(argv=None) -> int:
         started -= json.loads((checkpoint / "metadata.json").read_text()).get("wall_s", 0.0)  # earlier runs' time
     start = int(state.step)
     metadata = dict(data=origin, windows=int(len(tokens)), width=args.width, draft_vocab=int(d2t.shape[0]),
-                    ttt_steps=args.ttt, batch=args.batch, soft_labels=not args.hard_labels, learning_rate=args.lr,
-                    seed=args.seed,
+                    ttt_steps=args.ttt, anchors=args.anchors, batch=args.batch, soft_labels=not args.hard_labels,
+                    learning_rate=args.lr, seed=args.seed,
                     device=str(jax.devices()[0].device_kind), target=args.target, drafter=args.drafter)
     if args.drafter == "dflash":
         metadata |= dict(block_size=args.block_size, mask_token="the highest id the corpus never holds")

@@ -95,6 +95,16 @@ def test_train_draft_trains_exports_and_resumes_on_smollm2(smollm2_gguf, tmp_pat
     assert "2/4" in proc.stderr  # the progress bar starts where the checkpoint left off
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--anchors", "65", "--width", "64"], "--anchors 65: more than the --width 64 rows"),
+    (["--drafter", "dflash", "--block-size", "4", "--eval-k", "4"], "--eval-k 4: a DFlash block of --block-size 4"),
+])
+def test_train_draft_bad_command_line_is_a_one_line_error_before_loading(tmp_path, argv, message):
+    proc = _run(ROOT / "scripts" / "train_draft.py", "--out", tmp_path, *argv)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
 def test_token_id_mode_without_a_tokenizer(generate, capsys):
     generate.main(["--model", str(TINY), "--tokens", "5 17 42 8 99 3 61 5 17 42", "--tokens", "7 120",
                    "--max-new-tokens", "8", "--eos-id", "2", "--impl", "xla"])

@@ -61,6 +61,19 @@ def test_a_few_steps_lower_the_loss(setup, kind):
     assert_a_few_steps_lower_the_loss(drafter, target, tokens, lengths)
 
 
+def test_anchors_are_distinct_rows_usable_first():
+    """Anchors never repeat a row; a window fills them from its usable rows (all predictions inside)
+    before any other, and asking for more anchors than rows is an error."""
+    lengths = jnp.array([20, 9, 3], jnp.int32)
+    anchors = np.asarray(sample_anchors(jax.random.key(0), lengths, 20, 8, 3))
+    assert anchors.shape == (3, 8)
+    assert all(len(set(row)) == 8 for row in anchors)
+    assert (anchors[0] < 16).all()  # 16 usable rows: all eight among them
+    assert sorted(anchors[1][:5]) == [0, 1, 2, 3, 4]  # 5 usable rows, drawn first
+    with pytest.raises(ValueError, match="21 anchors per window"):
+        sample_anchors(jax.random.key(0), lengths, 20, 21, 3)
+
+
 def assert_gradient_is_the_central_difference(loss, params, eps=1e-3):
     """``loss``'s gradient at ``params`` along a random direction equals the central difference."""
     grads = jax.grad(loss)(params)
@@ -75,7 +88,7 @@ def assert_gradient_is_the_central_difference(loss, params, eps=1e-3):
 def test_gradients_equal_finite_differences(setup, soft_labels):
     target, drafter, tokens, lengths = setup
     batch = target_batch(target, drafter, tokens, lengths, soft_labels=soft_labels)
-    batch["anchors"] = sample_anchors(jax.random.key(1), lengths, 4, 3)
+    batch["anchors"] = sample_anchors(jax.random.key(2), lengths, tokens.shape[1], 4, 3)
     params = training.trainable_params(drafter)
 
     @jax.jit
@@ -110,7 +123,7 @@ def test_dflash_steps_lower_the_loss_and_gradients_equal_finite_differences(setu
     target, _, tokens, lengths = setup
     drafter = _dflash(target)
     batch = target_batch(target, drafter, tokens, lengths)
-    batch["anchors"] = sample_anchors(jax.random.key(1), lengths, 4, drafter.config.block_size - 2)
+    batch["anchors"] = sample_anchors(jax.random.key(1), lengths, tokens.shape[1], 4, drafter.config.block_size - 2)
     params = training.trainable_params(drafter)
 
     @jax.jit

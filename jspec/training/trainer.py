@@ -45,7 +45,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     steps: int = 4  # draft steps unrolled (training-time test); 1 = step 0 only
-    anchors: int = 16  # anchor rows per window for the later steps
+    anchors: int = 16  # anchor rows per window: EAGLE-3's later steps start there, DFlash's blocks
     step_weight: float = 0.8
     gamma: float = 7.0  # DFlash: block slot j's loss weighted exp(-(j - 1) / gamma) (SpecForge's 7)
     soft_labels: bool = True  # distil the target's distribution (False: its greedy token only)
@@ -81,12 +81,17 @@ def target_batch(target, drafter, tokens, lengths, *, soft_labels: bool = False,
     return batch
 
 
-def sample_anchors(key, lengths, num_anchors: int, steps: int):
-    """``[batch, num_anchors]`` rows from which all ``steps`` predictions fall inside the window
-    (uniform, with replacement; rows of a too-short window come out invalid and count nowhere)."""
+def sample_anchors(key, lengths, width: int, num_anchors: int, steps: int):
+    """``[batch, num_anchors]`` distinct rows of windows of ``width`` tokens, drawn first among the
+    rows from which all ``steps`` predictions fall inside the window (uniformly, without
+    replacement); a window with fewer such rows fills up with others, whose predictions past the
+    window count nowhere."""
+    if num_anchors > width:
+        raise ValueError(f"{num_anchors} anchors per window: more than its {width} rows")
     usable = jnp.maximum(lengths - steps - 1, 1)  # anchor r needs the token at r + 1 + steps
-    u = jax.random.uniform(key, (lengths.shape[0], num_anchors))
-    return jnp.floor(u * usable[:, None]).astype(jnp.int32)
+    noise = jax.random.uniform(key, (lengths.shape[0], width))
+    noise = jnp.where(jnp.arange(width)[None, :] < usable[:, None], noise, noise - 1.0)
+    return jax.lax.top_k(noise, num_anchors)[1].astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("state",))
@@ -96,10 +101,10 @@ def train_step(state: TrainState, drafter, target, tokens, lengths, *, cfg: Trai
     key, anchor_key = jax.random.split(state.key)
     batch = target_batch(target, drafter, tokens, lengths, soft_labels=cfg.soft_labels)
     if isinstance(drafter, DFlash):  # a block of B - 1 predictions from each anchor
-        batch["anchors"] = sample_anchors(anchor_key, lengths, cfg.anchors, drafter.config.block_size - 2)
+        batch["anchors"] = sample_anchors(anchor_key, lengths, tokens.shape[1], cfg.anchors, drafter.config.block_size - 2)
         objective = functools.partial(dflash_loss_fn, gamma=cfg.gamma)
     else:
-        batch["anchors"] = sample_anchors(anchor_key, lengths, cfg.anchors, cfg.steps)
+        batch["anchors"] = sample_anchors(anchor_key, lengths, tokens.shape[1], cfg.anchors, cfg.steps)
         objective = functools.partial(loss_fn, steps=cfg.steps, step_weight=cfg.step_weight)
     (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(state.params, drafter, batch)
     updates, opt_state = optimizer(cfg).update(grads, state.opt_state, state.params)
