@@ -51,12 +51,14 @@ def _check(out, ref, tol=1e-2):
     ("int8", 1, 200, 150, CFG),  # per channel, K ragged against the step
     ("fp8", 1, 200, 150, SkinnyConfig(64, 64, 1, gemv=True)),  # 8-bit one row without a dot (gemv)
     ("fp8", 1, 200, 150, None),  # a small projection's one-row default: 32-column dot tiles, one split
-    ("int4-g32", 1, 320, 150, None),  # ... int4's: gemv in 256-row steps, one split
+    ("int4-g32", 1, 320, 150, None),  # ... int4's: gemv, 16 columns, one 512-row step over K = 320
+    ("int4-g32", 1, 896, 64, None),  # Qwen2.5-0.5B's K: a 512-row step, then a ragged one of 384
+    ("int4-g32", 1, 4096, 40, None),  # a long K at one row: gemv with split-K, ragged columns
     ("int4-g32", 2, 320, 150, SkinnyConfig(64, 64, 2, gemv=True)),  # gemv over two rows and two splits
     ("int8", 80, 200, 150, None),  # the kernel's most rows: one 128-row tile
     ("fp8", 3, 200, 150, CFG),
     ("int4-g32-sym", 17, 320, 150, CFG),
-    ("int4-g32", 3, 320, 150, None),  # default 256-row steps: 8 substeps of one group each
+    ("int4-g32", 3, 320, 150, None),  # the default over rows: the dot in 128-row steps, four groups each
     ("int4-g64-sym", 1, 320, 150, CFG),
     ("int4-g64", 80, 320, 150, CFG),
     ("int4-g128-sym", 3, 384, 150, CFG),  # a group spans two steps
@@ -190,6 +192,9 @@ _VALUES = {"int4": jnp.uint8, "int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
     ("int4-g32", 1, 576, 3072, False, None),  # SmolLM2-135M's gate | up: short K, gemv
     ("int8-g32", 1, 1536, 576, False, None),  # its down: 64-column tiles, split-K
     ("int4-g32", 1, 576, 49152, True, None),  # its tied LM head
+    ("int4-g32", 1, 896, 1152, False, None),  # Qwen2.5-0.5B's qkv: 512-row steps, ragged K
+    ("int4-g32", 1, 896, 9728, False, "silu"),  # its gate | up, the gate fused
+    ("int4-g32", 1, 4864, 896, False, None),  # its down: gemv with split-K
 ])
 def test_kernel_lowers_for_cuda(scheme, m, k, n, transposed, gated):
     s = Scheme.parse(scheme)

@@ -162,6 +162,9 @@ def quantized_loader(values, scales, mins=None, *, w_transposed=False) -> tuple[
     return loader, k, n
 
 
+_GEMV_K = 4096  # int4 at one row over a long K: rows from which it streams without the dot
+
+
 def quantized_config(m: int, k: int, n: int, loader: QuantizedLoader, gated: bool = False) -> SkinnyConfig:
     """The tiling for x [m, k] @ a quantized w [k, n]; ``gated``: the tiling of the fused
     ``[gate | up]`` product (``gated_config``). From sweeps on an H200 (``python -m jspec.bench
@@ -170,14 +173,20 @@ def quantized_config(m: int, k: int, n: int, loader: QuantizedLoader, gated: boo
     TB/s against 1.0-1.4 for the dot, which wins again from a few rows); int4 with the dot, 128-row K
     steps (64 bytes a column) and 256 columns (0.8-1.1 TB/s, 2.5x the 256-row steps); split-K until
     about two programs a SM. A small model's projection at M = 1 (K or N under ``SHORT_K``:
-    SmolLM2-135M's) is a few microseconds, bound by how many programs stream it, not by their
-    bytes: 32-column tiles (64 for 8-bit over a long K); int4 over a short K without a dot in
-    256-row steps, 8-bit with the dot in 64-row steps; over a short K one split, as the bf16 kernel's
-    short-K tiling (2-3x the wide tiles' speed)."""
+    SmolLM2-135M's, Qwen2.5-0.5B's) is a few microseconds, bound by how many programs stream it, not
+    by their bytes. int4 over a short K: no dot, 16-column tiles, one split, 512-row steps while N is
+    at most 2048 (Qwen's qkv and o 5.5-5.8 us against 11 for 32 columns in 256-row steps), 128-row
+    steps over a wide N (its gate | up 10.0 us against 12.9; the tied LM heads 83 / 24 us against 98
+    / 26); int4 over a long K: 32 columns, 128-row steps, split-K, without the dot from 4096 rows
+    (Qwen's down 6.6 us against 9.4) and with it below (SmolLM2's down: 8.4 us); 8-bit with the
+    dot, 64-row steps, 32 columns over a short K and 64 over a long one (2-3x the wide tiles)."""
     if m == 1 and min(k, n) < SHORT_K:
         short_k, int4 = k < SHORT_K, loader.format == "int4"
-        gemv = int4 and short_k
-        block_k, block_n = (256 if gemv else 128 if int4 else 64), (32 if int4 or short_k else 64)
+        gemv = int4 and (short_k or k >= _GEMV_K)
+        if int4 and short_k:
+            block_k, block_n = (512 if n <= 2048 else 128), 16
+        else:
+            block_k, block_n = (128 if int4 else 64), (32 if int4 or short_k else 64)
     else:
         short_k, gemv = False, loader.format != "int4" and m == 1
         if gemv:
