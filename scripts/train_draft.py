@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-k", type=positive_int, default=4, help="draft tokens per round in the evaluation")
     p.add_argument("--checkpoint-every", type=positive_int, default=250)
     p.add_argument("--resume", action="store_true", help="continue from --out/checkpoint")
+    p.add_argument("--init", type=Path, metavar="DIR", help="start from a --drafter head exported earlier (an OUT/head, "
+                   "or checkpoints/smollm2-dflash): its shapes and weights, a fresh optimizer (a --resume checkpoint "
+                   "wins)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="training precision")
     p.add_argument("--export-dtype", choices=("float32", "bfloat16"), default="bfloat16", help="the head's dtype")
     return p
@@ -159,7 +162,8 @@ def _answer_text(tokenizer, prompt: str, sequence: list[int]) -> str:
 
 
 def new_drafter(args, target, d2t, sequences, key, dtype):
-    """A random --drafter head bound to ``target``, and the ``save_head`` that exports it.
+    """A --drafter head bound to ``target`` (--init's, else a random one), and the ``save_head`` that
+    exports it.
 
     ``eagle3``: shaped like one of the target's layers, reading its [2, L//2, L-3] layers, drafting
     over the vocabulary ``d2t``. ``mtp``: one layer of the target's type on its last hidden state,
@@ -177,6 +181,9 @@ def new_drafter(args, target, d2t, sequences, key, dtype):
 
     c, kind = target.config, args.drafter
     target = with_kernels(target, "xla")  # the kernels have no gradients
+    if args.init is not None:
+        drafter = {"eagle3": Eagle3, "mtp": MTP, "dflash": DFlash}[kind].load(args.init, dtype=dtype)
+        return drafter.bind(target), {"eagle3": eagle3, "mtp": mtp, "dflash": dflash}[kind].save_head
     if kind == "mtp":
         return MTP(init_mtp_head(c, key, dtype)).bind(target), mtp.save_head
     if kind == "dflash":
@@ -209,6 +216,11 @@ def held_out_acceptance(target, drafter, tokenizer, args) -> float:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.init is not None:
+        if not (args.init / "config.json").is_file():
+            parser.error(f"--init {args.init}: no config.json there (a head that train_draft.py exported)")
+        if args.drafter == "dflash":  # the head's block, not --block-size
+            args.block_size = json.loads((args.init / "config.json").read_text()).get("block_size", args.block_size)
     if args.drafter == "dflash" and args.eval_k > args.block_size - 1:
         parser.error(f"--eval-k {args.eval_k}: a DFlash block of --block-size {args.block_size} drafts at most "
                      f"{args.block_size - 1} tokens a round")
@@ -238,7 +250,10 @@ def main(argv=None) -> int:
     whole = args.drafter in ("mtp", "dflash")
     d2t = training.draft_vocabulary(sequences, vocab if whole else min(args.draft_vocab, vocab), vocab)
     key = jax.random.key(args.seed)
-    drafter, save_head = new_drafter(args, target, d2t, sequences, jax.random.fold_in(key, 1), dtype)
+    try:
+        drafter, save_head = new_drafter(args, target, d2t, sequences, jax.random.fold_in(key, 1), dtype)
+    except ValueError as e:  # an --init head that is not a --drafter head, or not one for this target
+        raise SystemExit(f"{Path(__file__).name}: error: --init {args.init}: {e}") from None
     cfg = training.TrainConfig(learning_rate=args.lr, total_steps=args.train_steps, steps=args.ttt,
                                anchors=args.anchors, warmup_steps=min(100, args.train_steps // 10),
                                soft_labels=not args.hard_labels)
@@ -250,10 +265,11 @@ def main(argv=None) -> int:
     start = int(state.step)
     metadata = dict(data=origin, windows=int(len(tokens)), width=args.width, draft_vocab=int(d2t.shape[0]),
                     ttt_steps=args.ttt, anchors=args.anchors, batch=args.batch, soft_labels=not args.hard_labels,
-                    learning_rate=args.lr, seed=args.seed,
+                    learning_rate=args.lr, seed=args.seed, init=None if args.init is None else str(args.init),
                     device=str(jax.devices()[0].device_kind), target=args.target, drafter=args.drafter)
     if args.drafter == "dflash":
-        metadata |= dict(block_size=args.block_size, mask_token="the highest id the corpus never holds")
+        metadata |= dict(block_size=args.block_size, mask_token="the --init head's" if args.init else
+                         "the highest id the corpus never holds")
     bar = tqdm(total=args.train_steps, initial=start, desc="training")
     log, evals = args.out / "train_log.jsonl", args.out / "held_out.json"
     record = dict(eval_k=args.eval_k, eval_prompts=args.eval_prompts, greedy=True, evals=[])

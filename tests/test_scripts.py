@@ -98,11 +98,39 @@ def test_train_draft_trains_exports_and_resumes_on_smollm2(smollm2_gguf, tmp_pat
 @pytest.mark.parametrize("argv, message", [
     (["--anchors", "65", "--width", "64"], "--anchors 65: more than the --width 64 rows"),
     (["--drafter", "dflash", "--block-size", "4", "--eval-k", "4"], "--eval-k 4: a DFlash block of --block-size 4"),
+    (["--init", "nowhere"], "--init nowhere: no config.json there"),
 ])
 def test_train_draft_bad_command_line_is_a_one_line_error_before_loading(tmp_path, argv, message):
     proc = _run(ROOT / "scripts" / "train_draft.py", "--out", tmp_path, *argv)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_train_draft_starts_from_an_init_head_and_refuses_one_of_another_kind(tmp_path):
+    """--init: training starts from an exported head's shapes and weights (its DFlash mask token too);
+    an EAGLE-3 run given a DFlash head is refused (a ValueError, which main prints as one line)."""
+    import argparse
+
+    import jax
+    import numpy as np
+
+    from jspec.drafters import dflash as dflash_module
+    from tests.tiny import dflash, tiny_model
+
+    spec = importlib.util.spec_from_file_location("train_draft_script", ROOT / "scripts" / "train_draft.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    target = tiny_model(0, num_layers=4)
+    exported = dflash(target, block_size=4, ids=(1, 3)).head
+    dflash_module.save_head(exported, tmp_path / "head")
+    args = argparse.Namespace(drafter="dflash", init=tmp_path / "head")
+    drafter, save_head = script.new_drafter(args, target, None, [], jax.random.key(0), np.float32)
+    assert save_head is dflash_module.save_head and drafter.config == exported.config
+    for got, want in zip(jax.tree.leaves(drafter.head), jax.tree.leaves(exported)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    with pytest.raises(ValueError):
+        script.new_drafter(argparse.Namespace(drafter="eagle3", init=tmp_path / "head"), target, None, [],
+                           jax.random.key(0), np.float32)
 
 
 def test_token_id_mode_without_a_tokenizer(generate, capsys):
