@@ -258,17 +258,15 @@ def test_self_drafting_accepts_every_draft_in_bf16(target):
 
 def test_gemma4_with_its_assistant_is_exact_in_bf16():
     """Gemma 4 (sliding and full layers, KV sharing, k_eq_v, per-layer inputs, soft-capped logits)
-    drafted by its assistant, which reads the target's cache: speculative == plain greedy bitwise,
-    and self-drafting accepts everything."""
+    drafted by its assistant, which reads the target's cache: speculative == plain greedy bitwise.
+    (Self-drafting's every-draft acceptance is pinned on the Llama target above: on CPU each drafter
+    here is a ~20-30 s compile.)"""
     target = jspec.init_params(TINY_GEMMA4, jax.random.key(0), jnp.bfloat16, scale=0.05)
     config = assistant_config(target.config, hidden_size=32, layer_types=(SLIDING, FULL), num_heads=2,
                               num_centroids=None, centroid_top_k=32)
     assistant = FrozenKVMTP(_bf16(init_assistant(config, jax.random.key(5), scale=0.3)))
-    plain = jspec.generate(target, PROMPTS, 20, impl=INVARIANT)
-    for drafter in (assistant, DraftModel(target)):
-        result = jspec.speculative_generate(target, drafter, PROMPTS, 20, num_draft_tokens=3, impl=INVARIANT)
-        assert result.tokens == plain
-    assert (result.stats["accepted"] >= 3 * (result.stats["rounds"] - 1)).all()
+    result = jspec.speculative_generate(target, assistant, PROMPTS, 20, num_draft_tokens=3, impl=INVARIANT)
+    assert result.tokens == jspec.generate(target, PROMPTS, 20, impl=INVARIANT)
 
 
 
