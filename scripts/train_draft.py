@@ -85,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dflash-layers", type=positive_int, default=2, help="DFlash: draft layers")
     p.add_argument("--ttt", type=positive_int, default=4, help="draft steps unrolled (training-time test)")
     p.add_argument("--anchors", type=positive_int, help="anchor rows per window: EAGLE-3 / MTP steps >= 1 start "
-                   "there (default 16), DFlash blocks start there (default: a quarter of the rows; the published recipe "
-                   "samples up to 512 a sequence)")
+                   "there (default 16), DFlash blocks start there (default: a quarter of the rows; the published "
+                   "recipe samples up to 512 a sequence)")
     p.add_argument("--hard-labels", action="store_true", help="train on the target's greedy token only (default: "
                                                                   "distil its whole next-token distribution)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW, warmup + cosine)")
@@ -97,9 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-k", type=positive_int, default=4, help="draft tokens per round in the evaluation")
     p.add_argument("--checkpoint-every", type=positive_int, default=250)
     p.add_argument("--resume", action="store_true", help="continue from --out/checkpoint")
-    p.add_argument("--init", type=Path, metavar="DIR", help="start from a --drafter head exported earlier (an OUT/head, "
-                   "or checkpoints/smollm2-dflash): its shapes and weights, a fresh optimizer (a --resume checkpoint "
-                   "wins)")
+    p.add_argument("--init", type=Path, metavar="DIR", help="start from a --drafter head exported earlier (an "
+                   "OUT/head, or checkpoints/smollm2-dflash): its shapes and weights, a fresh optimizer (a --resume "
+                   "checkpoint wins)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="training precision")
     p.add_argument("--export-dtype", choices=("float32", "bfloat16"), default="bfloat16", help="the head's dtype")
     return p

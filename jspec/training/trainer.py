@@ -101,7 +101,8 @@ def train_step(state: TrainState, drafter, target, tokens, lengths, *, cfg: Trai
     key, anchor_key = jax.random.split(state.key)
     batch = target_batch(target, drafter, tokens, lengths, soft_labels=cfg.soft_labels)
     if isinstance(drafter, DFlash):  # a block of B - 1 predictions from each anchor
-        batch["anchors"] = sample_anchors(anchor_key, lengths, tokens.shape[1], cfg.anchors, drafter.config.block_size - 2)
+        batch["anchors"] = sample_anchors(anchor_key, lengths, tokens.shape[1], cfg.anchors,
+                                          drafter.config.block_size - 2)
         objective = functools.partial(dflash_loss_fn, gamma=cfg.gamma)
     else:
         batch["anchors"] = sample_anchors(anchor_key, lengths, tokens.shape[1], cfg.anchors, cfg.steps)
