@@ -263,7 +263,9 @@ def main(argv=None) -> int:
         state = training.restore_state(checkpoint, state)
         started -= json.loads((checkpoint / "metadata.json").read_text()).get("wall_s", 0.0)  # earlier runs' time
     start = int(state.step)
-    metadata = dict(data=origin, windows=int(len(tokens)), width=args.width, draft_vocab=int(d2t.shape[0]),
+    hot = training.objective.draft_vocabulary_ids(drafter)  # an --init head's vocabulary, not the corpus's
+    metadata = dict(data=origin, windows=int(len(tokens)), width=args.width,
+                    draft_vocab=int(vocab if hot is None else hot.shape[0]),
                     ttt_steps=args.ttt, anchors=args.anchors, batch=args.batch, soft_labels=not args.hard_labels,
                     learning_rate=args.lr, seed=args.seed, init=None if args.init is None else str(args.init),
                     device=str(jax.devices()[0].device_kind), target=args.target, drafter=args.drafter)
