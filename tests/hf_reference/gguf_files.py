@@ -3,14 +3,41 @@ on real text, and GGUF tokenizers as transformers builds them."""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 from pathlib import Path
 
+import gguf
 import numpy as np
 import torch
 import transformers
 
 from common import MAX_NEW_TOKENS, PROMPTS, TINY, randomise_norms_and_biases, reference_outputs
+
+# transformers parses a GGUF anew for its tokenizer, its config and its weights (gguf's reader takes each
+# of a real vocabulary's ~100k strings and merges through numpy memmap slices: seconds a parse), and makes
+# gguf's tensor name map anew for each of a model's modules (hundreds). Both only read their arguments,
+# so within one command a file (at one size and mtime) is parsed once, a map made once per architecture
+# and depth.
+_parse_gguf = gguf.GGUFReader
+
+
+@functools.cache
+def _parsed_once(path: str, mode: str, mtime_ns: int, size: int):
+    return _parse_gguf(path, mode)
+
+
+def _read_gguf(path, mode="r"):
+    if mode != "r":  # a writable map is not shared
+        return _parse_gguf(path, mode)
+    stat = os.stat(path)
+    return _parsed_once(os.path.realpath(path), mode, stat.st_mtime_ns, stat.st_size)
+
+
+gguf.GGUFReader = _read_gguf  # transformers imports both from gguf when it loads a file
+gguf.get_tensor_name_map = functools.cache(gguf.get_tensor_name_map)
+
 
 def cmd_tokenizer(cases_json: str, out_dir: str, *gguf_paths: str) -> None:
     """transformers' tokenizer of each GGUF on the texts and conversations of CASES_JSON ({"texts": [...],
@@ -73,8 +100,6 @@ def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 def write_gguf(model, arch: str, path: Path) -> None:
     """``model`` as a GGUF file of architecture ``arch`` (metadata, names and q/k permutation as
     llama.cpp's converter writes them; tensor types from GGUF_TENSOR_TYPES)."""
-    import gguf
-
     c = model.config
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_context_length(c.max_position_embeddings)
