@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=positive_int, default=50, help="steps between lines of train_log.jsonl")
     p.add_argument("--eval-every", type=int, default=500, help="held-out acceptance length every N steps (0: end)")
     p.add_argument("--eval-prompts", type=positive_int, default=12, help="held-out prompts evaluated")
+    p.add_argument("--eval-tokens", type=positive_int, default=64,
+                   help="new tokens per held-out prompt (default: %(default)s; fewer for a quick smoke run)")
     p.add_argument("--eval-k", type=positive_int, default=4, help="draft tokens per round in the evaluation")
     p.add_argument("--checkpoint-every", type=positive_int, default=250)
     p.add_argument("--resume", action="store_true", help="continue from --out/checkpoint")
@@ -203,13 +205,13 @@ def new_drafter(args, target, d2t, sequences, key, dtype):
 
 
 def held_out_acceptance(target, drafter, tokenizer, args) -> float:
-    """Mean acceptance length (greedy) on the benchmark's held-out prompts, 64 new tokens."""
+    """Mean acceptance length (greedy) on the benchmark's held-out prompts, --eval-tokens new tokens."""
     import jspec
     from jspec.bench.accept import prompt_ids, prompt_set
 
     prompts = [prompt_ids(tokenizer, p) for p in prompt_set()[: args.eval_prompts]]
     # Bound again to the target on its own kernels (training binds it to xla ones).
-    result = jspec.speculative_generate(target, drafter, prompts, 64, num_draft_tokens=args.eval_k)
+    result = jspec.speculative_generate(target, drafter, prompts, args.eval_tokens, num_draft_tokens=args.eval_k)
     return float(result.stats["mean_acceptance_length"].mean())
 
 

@@ -28,12 +28,21 @@ def _ok(*args, **kwargs) -> str:
     return proc.stdout
 
 
-@pytest.fixture(scope="module")
-def generate():
-    spec = importlib.util.spec_from_file_location("generate_script", ROOT / "scripts" / "generate.py")
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def generate():
+    return _script("generate")
+
+
+@pytest.fixture(scope="module")
+def train_draft():
+    return _script("train_draft")
 
 
 @pytest.mark.parametrize("script, expected",
@@ -48,36 +57,62 @@ def test_generate_help_says_bfloat16_speculation_is_not_exact_yet():
     assert "bfloat16 speculation is not exact yet" in " ".join(_ok(ROOT / "scripts" / "generate.py", "--help").split())
 
 
-def test_main_job_on_smollm2(smollm2_gguf):
-    out = _ok(ROOT / "scripts" / "generate.py", "--max-new-tokens", "12")
+def test_main_job_on_smollm2_with_ngram_and_the_shipped_eagle3_head_and_dflash_draft(smollm2_gguf):
+    """The default model and prompt: the answer as text, then speculative decoding with each drafter,
+    identical to plain decoding. (One process: the model loads and plain decoding compiles once.)"""
+    out = _ok(ROOT / "scripts" / "generate.py", "--max-new-tokens", "12", "--drafter", "ngram", "eagle3", "dflash")
     assert "target smollm2-135m-instruct: " in out
-    plain, spec = out.split("\nspeculative decoding, ngram: ")
+    plain, *sections = re.split(r"\nspeculative decoding, (\w+): ", out)
     text = [line for line in plain.splitlines() if line.startswith("  | ")]
     assert text and any(c.isalpha() for c in "".join(text)), out  # the model's answer, as text
-    assert "identical to plain decoding: yes" in spec
-    assert re.search(r"mean acceptance length \(.*\): \d+\.\d\d", spec)
     assert re.search(r"plain decoding: 12 tokens in .* s, [\d.]+ tokens/s", plain)
-    assert re.search(r"^[\d.]+ tokens/s \([\d.]+x plain\)", spec.split(", ", 1)[1])
+    specs = dict(zip(sections[::2], sections[1::2]))
+    assert list(specs) == ["ngram", "eagle3", "dflash"]
+    for spec in specs.values():
+        spec = spec.split("\n\n")[0]  # up to the next drafter's
+        assert "identical to plain decoding: yes" in spec
+        assert re.search(r"mean acceptance length \(.*\): \d+\.\d\d", spec)
+        assert re.search(r"^[\d.]+ tokens/s \([\d.]+x plain\)", spec.split(", ", 1)[1])
 
 
-def test_main_job_drafts_with_the_shipped_eagle3_head_and_dflash_draft(smollm2_gguf):
-    out = _ok(ROOT / "scripts" / "generate.py", "--max-new-tokens", "12", "--drafter", "eagle3", "dflash")
-    for drafter in ("eagle3", "dflash"):
-        spec = out.split(f"\nspeculative decoding, {drafter}: ")[1]
-        assert "identical to plain decoding: yes" in spec.split("\n\n")[0]
+class _Killed(Exception):
+    """A training process ended by force."""
 
 
 # MTP and DFlash: the target's whole vocabulary
 @pytest.mark.parametrize("drafter, vocab", [("eagle3", 1024), ("mtp", 49152), ("dflash", 49152)])
-def test_train_draft_trains_exports_and_resumes_on_smollm2(smollm2_gguf, tmp_path, drafter, vocab):
-    """A tiny training run on stdlib source: progress, held-out acceptance, a loadable HF head;
-    run again with --resume and more steps, it continues from its checkpoint (one head: resuming
-    restores whatever pytree the checkpoint holds)."""
-    args = [ROOT / "scripts" / "train_draft.py", "--out", tmp_path, "--drafter", drafter, "--data", "stdlib",
-            "--stdlib-bytes", "20000", "--width", "64", "--batch", "2", "--ttt", "2", "--anchors", "4",
-            "--draft-vocab", "1024", "--eval-every", "0", "--eval-prompts", "1", "--checkpoint-every", "2",
-            "--eval-k", "1"]  # one draft a round: the held-out evaluation's 64 rounds verify 2 rows, not 5
-    out = _ok(*args, "--train-steps", "2")
+def test_train_draft_trains_exports_and_resumes_on_smollm2(train_draft, smollm2_gguf, tmp_path, capsys, monkeypatch,
+                                                          drafter, vocab):
+    """A tiny training run on stdlib source: progress, held-out acceptance, a loadable HF head.
+    The EAGLE-3 run is killed after its step-2 checkpoint; run again with --resume, it continues
+    from there (one head: resuming restores whatever pytree the checkpoint holds). The script's
+    main runs in this process, so the resumed run reuses the compiled training step."""
+    args = ["--out", tmp_path, "--drafter", drafter, "--data", "stdlib", "--stdlib-bytes", "20000", "--width", "64",
+            "--batch", "2", "--ttt", "2", "--anchors", "4", "--draft-vocab", "1024", "--eval-every", "0",
+            "--eval-prompts", "1", "--eval-tokens", "16", "--checkpoint-every", "2",
+            "--eval-k", "1"]  # one draft a round: the held-out evaluation's rounds verify 2 rows, not 5
+    args = [str(a) for a in args]
+    if drafter == "eagle3":
+        from jspec import training
+
+        train = training.train
+
+        def killed_after_step_2(*train_args, num_steps, **kwargs):
+            train(*train_args, num_steps=2, **kwargs)  # the callback writes the step-2 checkpoint
+            raise _Killed
+
+        monkeypatch.setattr(training, "train", killed_after_step_2)
+        with pytest.raises(_Killed):
+            train_draft.main([*args, "--train-steps", "4"])
+        monkeypatch.undo()
+        assert "2/4" in capsys.readouterr().err
+        assert not (tmp_path / "head").exists()
+        assert train_draft.main([*args, "--train-steps", "4", "--resume"]) == 0
+        out, err = capsys.readouterr()
+        assert "2/4" in err and "0/4" not in err  # the progress bar starts where the checkpoint left off
+    else:
+        assert train_draft.main([*args, "--train-steps", "2"]) == 0
+        out = capsys.readouterr().out
     assert re.search(r"held-out acceptance length \d+\.\d\d", out)
     import jax
     import jax.numpy as jnp
@@ -88,11 +123,7 @@ def test_train_draft_trains_exports_and_resumes_on_smollm2(smollm2_gguf, tmp_pat
     assert {x.dtype.name for x in jax.tree.leaves(head) if jnp.issubdtype(x.dtype, jnp.floating)} == {"bfloat16"}
     config = json.loads((tmp_path / "head" / "config.json").read_text())
     assert config.get("draft_vocab_size", config["vocab_size"]) == config["jspec"]["draft_vocab"] == vocab
-    if drafter != "eagle3":
-        return
-    proc = _run(*args, "--train-steps", "4", "--resume")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "2/4" in proc.stderr  # the progress bar starts where the checkpoint left off
+    assert config["jspec"]["steps"] == (4 if drafter == "eagle3" else 2)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -106,7 +137,7 @@ def test_train_draft_bad_command_line_is_a_one_line_error_before_loading(tmp_pat
     assert not any(tmp_path.iterdir())
 
 
-def test_train_draft_starts_from_an_init_head_and_refuses_one_of_another_kind(tmp_path):
+def test_train_draft_starts_from_an_init_head_and_refuses_one_of_another_kind(train_draft, tmp_path):
     """--init: training starts from an exported head's shapes and weights (its DFlash mask token too);
     an EAGLE-3 run given a DFlash head is refused (a ValueError, which main prints as one line)."""
     import argparse
@@ -117,20 +148,17 @@ def test_train_draft_starts_from_an_init_head_and_refuses_one_of_another_kind(tm
     from jspec.drafters import dflash as dflash_module
     from tests.tiny import dflash, tiny_model
 
-    spec = importlib.util.spec_from_file_location("train_draft_script", ROOT / "scripts" / "train_draft.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     target = tiny_model(0, num_layers=4)
     exported = dflash(target, block_size=4, ids=(1, 3)).head
     dflash_module.save_head(exported, tmp_path / "head")
     args = argparse.Namespace(drafter="dflash", init=tmp_path / "head")
-    drafter, save_head = script.new_drafter(args, target, None, [], jax.random.key(0), np.float32)
+    drafter, save_head = train_draft.new_drafter(args, target, None, [], jax.random.key(0), np.float32)
     assert save_head is dflash_module.save_head and drafter.config == exported.config
     for got, want in zip(jax.tree.leaves(drafter.head), jax.tree.leaves(exported)):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     with pytest.raises(ValueError):
-        script.new_drafter(argparse.Namespace(drafter="eagle3", init=tmp_path / "head"), target, None, [],
-                           jax.random.key(0), np.float32)
+        train_draft.new_drafter(argparse.Namespace(drafter="eagle3", init=tmp_path / "head"), target, None, [],
+                                jax.random.key(0), np.float32)
 
 
 def test_token_id_mode_without_a_tokenizer(generate, capsys):

@@ -133,12 +133,13 @@ def check_decode_attention(max_len_cap=None, seed=0):
         yield _compare(entry, lambda: fns["pallas"](*a), lambda: fns["xla"](*a), (tol, tol))
 
 
-def check_split_merge(max_len_cap=None, draws=6, repeats=3, seed=0):
+def check_split_merge(max_len_cap=None, draws=6, repeats=3, seed=0, max_shapes=None):
     """The split programs of a sequence leave partials that the last to arrive (found with an
     atomic counter) or a combine kernel merges. Races would show as wrong or unsteady outputs,
     so: ragged batches with fresh random lengths (0 included, rows past each length NaN) for
     several split counts, each call repeated; every output must match the reference and repeat
-    bit for bit (the merge runs in slot order, whichever program arrives last)."""
+    bit for bit (the merge runs in slot order, whichever program arrives last). ``max_shapes``: the
+    first that many shapes only (each still with every split count)."""
     rng = np.random.default_rng(1 + seed)
     hq, hkv, head_dim = 32, 8, 128
     interpreted = jax.default_backend() != "gpu"
@@ -146,9 +147,8 @@ def check_split_merge(max_len_cap=None, draws=6, repeats=3, seed=0):
         draws, repeats = 1, 1
     ref_fn = jax.jit(lambda q, k, v, lens, p: decode_attention_reference(q, k, v, lens, q_positions=p))
     shapes = [(1, 1, 20000), (8, 1, 4096), (32, 1, 2048), (8, 5, 4096), (3, 9, 3000), (3, 1, 512)]
+    shapes = [shape for shape in shapes if not (max_len_cap and shape[2] > max_len_cap)][:max_shapes]
     for batch, num_q, max_len in shapes:
-        if max_len_cap and max_len > max_len_cap:
-            continue
         default = tiling(batch, num_q, hq, hkv, max_len, head_dim)["k_splits"]
         # 2 splits: merged by the last program to arrive; more: by the combine kernel. Interpreted,
         # the two extremes cover both merges (each split count is a program to compile).
@@ -275,13 +275,22 @@ def check_wide_swapped(max_len_cap=None, seed=0):
         yield _compare(entry, lambda: kernel(*a), lambda: reference(*a), (2e-2, 2e-2))
 
 
-def run_check(max_len_cap=None, seed=0, max_weight=None) -> list[dict]:
+def run_check(max_len_cap=None, seed=0, max_weight=None, per_kernel=None) -> list[dict]:
     """One ``check`` row per case, each printed as it finishes (``max_len_cap`` / ``max_weight``: skip
-    the attention cases with longer caches and the matmul cases with larger weights)."""
+    the attention cases with longer caches and the matmul cases with larger weights; ``per_kernel``: the
+    first that many cases of each kernel left, e.g. 1 for a smoke run that still checks every kernel)."""
+
+    def first(cases):
+        return cases if per_kernel is None else itertools.islice(cases, per_kernel)
+
     rows = []
-    for entry in itertools.chain(check_decode_attention(max_len_cap, seed), check_split_merge(max_len_cap, seed=seed),
-                                 check_gather_rows(seed), check_add_rms_norm(seed), check_fused_matmul(seed, max_weight),
-                                 check_rope_write(seed), check_wide_swapped(max_len_cap, seed)):
+    cases = itertools.chain(first(check_decode_attention(max_len_cap, seed)),
+                            # a split-merge case is a shape with a row per split count: limited by shapes
+                            check_split_merge(max_len_cap, seed=seed, max_shapes=per_kernel),
+                            first(check_gather_rows(seed)), first(check_add_rms_norm(seed)),
+                            first(check_fused_matmul(seed, max_weight)), first(check_rope_write(seed)),
+                            first(check_wide_swapped(max_len_cap, seed)))
+    for entry in cases:
         rows.append(entry)
         print(json.dumps(entry, default=float))
     return rows

@@ -295,7 +295,7 @@ def run(args):
         from jspec.bench.kernel_check import run_check
 
         t0 = time.time()
-        rows = run_check(args.check_max_len, args.seed, args.check_max_weight)
+        rows = run_check(args.check_max_len, args.seed, args.check_max_weight, args.check_per_kernel)
         passed = all(r["passed"] for r in rows)
         print(f"check: passed={passed} ({time.time() - t0:.1f} s)")
         status = 0 if passed else 1
@@ -339,6 +339,8 @@ def _check_flags(p):
     p.add_argument("--check-max-len", type=int, default=None, help="check: skip cases with a longer cache")
     p.add_argument("--check-max-weight", type=int, default=None,
                    help="check: skip matmul cases whose weight has more elements")
+    p.add_argument("--check-per-kernel", type=int, default=None,
+                   help="check: only the first N cases of each kernel that the caps above leave (default: all)")
 
 
 def _decode_flags(p):
@@ -362,9 +364,10 @@ def _decode_flags(p):
 
 
 TINY_COPY = dict(copy_bytes=1 << 22)
-TINY_CHECK = dict(check_max_len=600, check_max_weight=1 << 22)
+# One case of each kernel: interpreted on a CPU, a case costs seconds of compiling and running.
+TINY_CHECK = dict(check_max_len=600, check_max_weight=1 << 22, check_per_kernel=1)
 TINY_TIMING = dict(repeats=2, inner=2, device_repeats=1)
-TINY_DECODE = dict(batches=[1, 2], contexts=[64], queries=[1], heads=(4, 2, 32), ragged=[(2, 64)], no_sweep=True,
+TINY_DECODE = dict(batches=[2], contexts=[64], queries=[1], heads=(4, 2, 32), ragged=[(2, 64)], no_sweep=True,
                    qscan=[(1, 4, 64)], sweep_shapes=[(1, 1, 64)])
 
 
