@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from jspec.execution import DEFAULT, Execution
 from jspec.parallel import TensorParallel, split_columns
-from jspec.quant import QuantizedWeight, matmul, matmul_parts
+from jspec.quant import QuantizedWeight, matmul, matmul_parts, out_features
 from jspec.step import Step
 from pallas_kernels.norm.add_rms_norm import add_rms_norm, sum_parts
 from pallas_kernels.matmul.skinny_matmul import GATES
@@ -113,7 +113,7 @@ def gated_mlp(x: jax.Array, gate_up: jax.Array | QuantizedWeight, down: jax.Arra
     ``[splits, ..., hidden]`` (:func:`linear_parts`)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown MLP activation {activation!r}: expected one of {tuple(ACTIVATIONS)}")
-    inter = gate_up.shape[-1] // 2
+    inter = out_features(gate_up) // 2
     placement = ex.placement
     if ex.fuses and (placement is None or placement.interleaves((inter, inter))):
         gated = functools.partial(matmul, impl=ex.kernels, gated=activation)

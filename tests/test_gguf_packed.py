@@ -38,20 +38,18 @@ def write_gguf(path, tensors: dict[str, tuple[str, np.ndarray]], fields=None):
 
 @pytest.mark.parametrize("name", sorted(gguf_packed.PACKABLE))
 def test_each_type_dequantizes_bit_for_bit_to_ggufs_values(tmp_path, name):
-    """Random valid blocks (every code, sub-scale and high bit drawn) read from a file and packed as a
-    matmul weight ``[K, N]`` and as a table ``[N, K]``: float32 dequantization equals gguf's
-    reference dequantizer on the same bytes bit for bit, signed zeros included."""
+    """Random valid blocks (every code, sub-scale and high bit drawn) read from a file and packed as
+    the file stores them, ``[N, K]``: float32 dequantization equals gguf's reference dequantizer on
+    the same bytes bit for bit, signed zeros included."""
     qtype = gguf.GGMLQuantizationType[name]
     rows, cols = 6, 2 * gguf.GGML_QUANT_SIZES[qtype][0]
     stored = random_blocks(np.random.default_rng(sorted(gguf_packed.PACKABLE).index(name)), name, rows, cols)
     expected = gguf.quants.dequantize(stored, qtype)
     (tensor,) = jspec.io.open_gguf(write_gguf(tmp_path / "one.gguf", {"w": (name, stored)})).tensors
     codes = gguf_packed.decode(tensor)
-    for table in (False, True):
-        w = gguf_packed.pack(codes, table=table, dtype=jnp.float32)
-        assert w.transposed == table and w.shape == ((rows, cols) if table else (cols, rows))
-        got = np.asarray(dequantize(w, jnp.float32))
-        np.testing.assert_array_equal((got if table else got.T).view(np.uint32), expected.view(np.uint32))
+    w = gguf_packed.pack(codes, dtype=jnp.float32)
+    assert w.transposed and w.shape == (rows, cols)
+    np.testing.assert_array_equal(np.asarray(dequantize(w, jnp.float32)).view(np.uint32), expected.view(np.uint32))
 
 
 # --- a tiny model of mixed types ---------------------------------------------------------------
@@ -117,9 +115,8 @@ def test_matrices_keep_their_types_and_fused_parts_join_losslessly(packed, plain
         ".layers[1].down": "int8-g16",
     }
     assert packed.embed.transposed and packed.embed.values.shape == (VOCAB, HIDDEN)
-    assert packed.layers[1].gate_up.values.shape == (HIDDEN // 2, 2 * FFN)  # two codes a byte along K
-    dequantized = jax.tree.map(lambda w: dequantize(w, jnp.float32) if is_quantized(w) else w, packed,
-                               is_leaf=is_quantized)
+    assert packed.layers[1].gate_up.values.shape == (2 * FFN, HIDDEN // 2)  # as stored, K last: two codes a byte
+    dequantized = jspec.quant.dequantize_tree(packed, jnp.float32)
     for a, b in zip(jax.tree.leaves(dequantized), jax.tree.leaves(plain), strict=True):  # q/k rows un-permuted too
         np.testing.assert_array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
 

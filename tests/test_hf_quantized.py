@@ -197,7 +197,8 @@ def test_a_quantized_checkpoint_loads_packed_and_dequantized_as_its_format_defin
             int4 = case.startswith(("awq", "gptq"))
             assert isinstance(w, QuantizedWeight) and w.scheme.format == ("int4" if int4 else "fp8")
             assert w.scheme.format == "fp8" or w.scheme.mins == (case != "gptq-v2-sym")  # zeros of 8: symmetric
-            np.testing.assert_array_equal(dequantize(w), getattr(want, field))  # exact in float32
+            assert w.transposed  # stored as the checkpoint stores it, [N, K]
+            np.testing.assert_array_equal(dequantize(w).T, getattr(want, field))  # exact in float32
             np.testing.assert_array_equal(getattr(flat, field), getattr(want, field))
     assert not isinstance(packed.lm_head, QuantizedWeight) and not isinstance(packed.embed, QuantizedWeight)
     prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 8, 7, 6, 5, 4, 3]]

@@ -23,7 +23,7 @@ def is_quantized(x) -> bool:
 
 def dequantized(tree):
     """``tree`` with every quantized weight replaced by the array it stands for."""
-    return jax.tree.map(lambda w: dequantize(w) if is_quantized(w) else w, tree, is_leaf=is_quantized)
+    return jspec.quant.dequantize_tree(tree)
 
 
 def float_matrices(tree) -> list[str]:
@@ -104,6 +104,17 @@ def test_a_tied_table_is_quantized_once_for_lookup_and_head(llama_target):
     quantized = jspec.quantize(llama_target, "int8")
     assert quantized.lm_head is None and quantized.embed.transposed and quantized.embed.shape == (97, 64)
     assert quantized.embed.scales.shape == (97, 1)  # one scale per vocabulary row: the head's output channel
+
+
+def test_matmul_weights_are_stored_k_last(llama_target):
+    """Every quantized weight is stored ``[N, K]`` (the kernel streams K-contiguous rows faster); the
+    model still reads its sizes and ``dequantize_tree`` gives back the ``[K, N]`` arrays."""
+    quantized = jspec.quantize(llama_target, "int4-g32")
+    gate_up = quantized.layers[0].gate_up
+    k, n = llama_target.layers[0].gate_up.shape
+    assert gate_up.transposed and gate_up.values.shape == (n, k // 2) and (gate_up.k, gate_up.n) == (k, n)
+    assert (jspec.quant.in_features(gate_up), jspec.quant.out_features(gate_up)) == (k, n)
+    assert dequantized(quantized).layers[0].gate_up.shape == (k, n)
 
 
 @pytest.mark.parametrize("model, scheme", [

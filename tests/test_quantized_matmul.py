@@ -157,6 +157,19 @@ def test_auto_on_a_gpu_runs_the_gate_beside_the_kernels_unfused_product(monkeypa
     assert calls == [None, "silu"]
 
 
+@pytest.mark.parametrize("k, n, transposed, kernel", [
+    (4096, 14336, True, True),  # a Llama-3.1-8B projection stored K last: the kernel
+    (896, 1152, False, True),  # a small projection stored [K, N]: the kernel (its short-K tiling)
+    (896, 1152, True, False),  # stored K last, as jspec stores it: XLA's dequantize + dot is faster
+    (896, 9728, True, True),  # Qwen2.5-0.5B's gate|up: 8.7 M entries, the kernel again
+    (576, 49152, True, True),  # a tied LM head
+])
+def test_auto_on_a_gpu_takes_xla_for_small_projections_stored_k_last(k, n, transposed, kernel):
+    loader = qk.quantized_loader(*_abstract_weight("int4-g32", k, n, transposed), w_transposed=transposed)[0]
+    assert qm._auto_uses_kernel(1, k, n, transposed) == kernel
+    assert qk.kernel_takes(1, loader, k, n, w_transposed=transposed)
+
+
 def test_bad_shapes_are_named():
     values, scales, mins = _weight("int4-g64", 256, 96)
     x = _x(2, 256)
@@ -180,8 +193,20 @@ _S = jax.ShapeDtypeStruct
 _VALUES = {"int4": jnp.uint8, "int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
 
 
+def _abstract_weight(scheme, k, n, transposed):
+    s = Scheme.parse(scheme)
+    shape = (lambda a, b: (b, a)) if transposed else (lambda a, b: (a, b))
+    values = _S(shape(k // 2 if s.format == "int4" else k, n), _VALUES[s.format])
+    scales = _S(shape(k // (s.group_size or k), n), jnp.bfloat16)
+    return values, scales, scales if s.mins else None
+
+
 @pytest.mark.parametrize("scheme,m,k,n,transposed,gated", [
-    ("int4-g128", 1, 4096, 6144, False, None),  # Llama-3.1-8B qkv, decode: split-K
+    ("int4-g128", 1, 4096, 28672, True, None),  # Llama-3.1-8B gate|up stored K last (jspec's storage)
+    ("int8", 16, 14336, 4096, True, None),  # its down, verify rows
+    ("fp8", 5, 4096, 6144, True, None),  # its qkv
+    ("int4-g128-sym", 1, 4096, 4096, True, None),  # its o
+    ("int4-g128", 1, 4096, 6144, False, None),  # Llama-3.1-8B qkv stored [K, N], decode: split-K
     ("int4-g32-sym", 5, 14336, 4096, False, None),  # down, verify rows: 8 substeps a step
     ("int4-g64", 1, 4096, 28672, False, "silu"),  # gate | up with the gate fused
     ("int4-g128", 80, 4096, 4096, False, None),  # o at 80 rows: one 128-row tile
@@ -197,12 +222,9 @@ _VALUES = {"int4": jnp.uint8, "int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
     ("int4-g32", 1, 4864, 896, False, None),  # its down: gemv with split-K
 ])
 def test_kernel_lowers_for_cuda(scheme, m, k, n, transposed, gated):
-    s = Scheme.parse(scheme)
-    groups = k // (s.group_size or k)
-    shape = (lambda a, b: (b, a)) if transposed else (lambda a, b: (a, b))
-    values = _S(shape(k // 2 if s.format == "int4" else k, n), _VALUES[s.format])
-    scales = _S(shape(groups, n), jnp.bfloat16)
-    extra = (scales,) if s.mins else ()
+    """bf16 scales: the packed widening (``pallas_kernels.matmul.widen``) in every format."""
+    values, scales, mins = _abstract_weight(scheme, k, n, transposed)
+    extra = () if mins is None else (mins,)
 
     def fn(x, values, scales, *mins):
         return qk.quantized_matmul_pallas(x, values, scales, *mins, interpret=False, w_transposed=transposed,

@@ -17,7 +17,8 @@ One run does, in order:
 
 Formats are ``bf16`` (the skinny matmul's own kernel) or quantization schemes (``jspec.quant.Scheme``
 names: ``int8``, ``fp8``, ``int4-g128``, ``int4-g32-sym``, ...). A shape ``KxN`` with a trailing
-``t`` stores the weight ``[N, K]`` (a tied LM head). ``--out`` is a folder: quant_matmul.json/png.
+``t`` stores the weight ``[N, K]`` (a tied LM head); quantized weights are stored ``[N, K]`` (K last,
+as ``jspec`` stores them) at every shape unless ``--k-first``. ``--out`` is a folder: quant_matmul.json/png.
 
   python -m jspec.bench quant-matmul --out benchmarks --sweep
 """
@@ -64,11 +65,13 @@ def torch_rows(args):
 class Weights:
     """One random weight of a shape, as bf16 and quantized by each scheme, and the matmuls on it."""
 
-    def __init__(self, k, n, transposed, seed):
+    def __init__(self, k, n, transposed, seed, k_first=False):
         import jax
         import jax.numpy as jnp
 
         self.k, self.n, self.transposed = k, n, transposed
+        # Quantized: stored K last as jspec stores every quantized weight, or as the shape says (k_first).
+        self.quantized_transposed = transposed or not k_first
         shape = (n, k) if transposed else (k, n)
         self.w = (jax.random.normal(jax.random.key(seed), shape, jnp.float32) * k**-0.5).astype(jnp.bfloat16)
 
@@ -78,7 +81,8 @@ class Weights:
 
         if fmt == "bf16":
             return (self.w,)
-        q = quantize_matrix(self.w, Scheme.parse(fmt), transposed=self.transposed)
+        w = self.w.T if self.quantized_transposed != self.transposed else self.w
+        q = quantize_matrix(w, Scheme.parse(fmt), transposed=self.quantized_transposed)
         return (q.values, q.scales) + (() if q.mins is None else (q.mins,))
 
     def functions(self, fmt, configs=()):
@@ -90,7 +94,7 @@ class Weights:
         from pallas_kernels.matmul.quantized_matmul import quantized_matmul_reference
         from pallas_kernels.matmul.skinny_matmul import skinny_matmul_pallas, skinny_matmul_reference
 
-        t = self.transposed
+        t = self.transposed if fmt == "bf16" else self.quantized_transposed
         if fmt == "bf16":
             xla = lambda x, w: skinny_matmul_reference(x, w, w_transposed=t)  # noqa: E731
             kernel = lambda cfg: lambda x, w: skinny_matmul_pallas(x, w, config=cfg, w_transposed=t)  # noqa: E731
@@ -237,7 +241,7 @@ def measure(args, copy_tb_s, deadline):
 
     rows = []
     for k, n, transposed in parse_shapes(args.shapes):
-        weights = Weights(k, n, transposed, args.seed)
+        weights = Weights(k, n, transposed, args.seed, args.k_first)
         for fmt in args.formats.split(","):
             parts = weights.parts(fmt)
             nbytes = sum(p.size * p.dtype.itemsize for p in parts)
@@ -253,6 +257,7 @@ def measure(args, copy_tb_s, deadline):
                 elif best is not None and (m <= GEMV_MAX_M or not best.gemv):
                     configs = [best]
                 row = dict(measure="quant_matmul", shape=f"{k}x{n}{'t' if transposed else ''}", k=k, n=n, m=m,
+                           k_last=weights.quantized_transposed if fmt != "bf16" else transposed,
                            format=fmt, weight_bytes=nbytes, timings={}, gpu_us={}, tb_s={}, of_copy={})
                 fns, failed = compiled(weights.functions(fmt, configs), x, parts, args.compile_threads)
                 for name, e in failed.items():  # a tiling this GPU cannot run (e.g. out of shared memory) is left out
@@ -387,7 +392,9 @@ def register(subparsers):
     ap = subcommand(subparsers, "quant-matmul",
                     help="quantized skinny matmul: GPU time and TB/s vs XLA's dequantize + dot and torch's kernels",
                     description=__doc__, run=run, parents=[parent], tiny=TINY)
-    ap.add_argument("--shapes", default=SHAPES, help="comma list of KxN (a trailing t: the weight stored [N, K])")
+    ap.add_argument("--shapes", default=SHAPES, help="comma list of KxN (a trailing t: the weight stored [N, K]); "
+                    "quantized weights are stored K last ([N, K]) as jspec stores them, unless --k-first")
+    ap.add_argument("--k-first", action="store_true", help="store quantized weights of KxN shapes [K, N]")
     ap.add_argument("--ms", default=MS, help="comma list of row counts M")
     ap.add_argument("--formats", default=FORMATS, help="comma list of bf16 and quantization schemes")
     ap.add_argument("--sweep", action="store_true", help="also sweep the kernel's tilings at --sweep-ms")

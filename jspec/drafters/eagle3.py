@@ -39,7 +39,7 @@ from jspec.layers import embedding, linear, rms_norm
 from jspec.models.base import Capture, random_matrix, random_norm_weight
 from jspec.models.llama import Layer, LlamaConfig, Model, from_hf_config, init_layer
 from jspec.models.llama.weights import layer_arrays, layer_tensors, read_layer
-from jspec.quant import MATMUL_WEIGHT, TABLE_WEIGHT
+from jspec.quant import MATMUL_WEIGHT, TABLE_WEIGHT, in_features
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 
@@ -127,7 +127,7 @@ class Eagle3(HiddenStateDrafter):
                 f"EAGLE-3 aux hidden-state layer ids {list(layers)} are out of range for a target with "
                 f"{tc.num_layers} layers (valid: 0..{tc.num_layers - 1}, HF hidden_states indexing)"
             )
-        fc_in = self.head.fc.shape[0]
+        fc_in = in_features(self.head.fc)
         if fc_in != len(layers) * tc.hidden_size:
             raise ValueError(
                 f"EAGLE-3 fc.weight takes {fc_in} inputs but the target gives {len(layers)} x hidden_size "

@@ -276,6 +276,6 @@ def _packed_getter(tensor, permuted_head_dim, plain: Getter, dtype) -> Getter:
             if (head_dim := permuted_head_dim(name)) is not None:
                 codes = codes.map_rows(lambda rows, head_dim=head_dim: _unpermute_heads(rows, head_dim))
             parts.append(codes)
-        return gguf_packed.pack(gguf_packed.join(parts), table=not transpose, dtype=dtype)
+        return gguf_packed.pack(gguf_packed.join(parts), dtype=dtype)
 
     return get

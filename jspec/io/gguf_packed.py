@@ -178,16 +178,14 @@ def join(parts: list[Codes]) -> Codes:
                  np.concatenate(mins) if with_mins else None, bits)
 
 
-def pack(codes: Codes, *, table: bool, dtype) -> QuantizedWeight:
-    """``codes`` as a :class:`QuantizedWeight` on the device: a matmul weight ``[K, N]`` (K the
-    stored rows' axis), or with ``table`` an embedding table ``[N, K]`` as stored (``transposed``);
-    scales and mins in ``dtype`` (exact in float32)."""
+def pack(codes: Codes, *, dtype) -> QuantizedWeight:
+    """``codes`` as a :class:`QuantizedWeight` on the device, stored as the file stores it, K last
+    (``[N, K]``: a matmul weight's output channels or a table's rows first); scales and mins in
+    ``dtype`` (exact in float32)."""
     if codes.bits == 4:
         c = (codes.q if codes.mins is not None else codes.q + INT4_OFFSET).astype(np.uint8)
         values = c[:, 0::2] | (c[:, 1::2] << 4)  # [rows, K / 2]: even k in the low nibble
     else:
         values = codes.q
     parts = [values, codes.scales.astype(dtype), None if codes.mins is None else codes.mins.astype(dtype)]
-    if not table:
-        parts = [None if a is None else np.ascontiguousarray(a.T) for a in parts]
-    return QuantizedWeight(*(None if a is None else jax.device_put(a) for a in parts), transposed=table)
+    return QuantizedWeight(*(None if a is None else jax.device_put(a) for a in parts), transposed=True)

@@ -181,8 +181,8 @@ def dequantized(fmt: Format, reader, base: str) -> np.ndarray:
     return w if codes.mins is None else w + per_entry(codes.mins)
 
 
-def _pack_fp8(parts: list[tuple[np.ndarray, np.ndarray]], *, table: bool, dtype) -> QuantizedWeight:
-    """fp8 parts stacked along N, on their finest K-grouping, as a ``QuantizedWeight``."""
+def _pack_fp8(parts: list[tuple[np.ndarray, np.ndarray]], *, dtype) -> QuantizedWeight:
+    """fp8 parts stacked along N, on their finest K-grouping, as a ``QuantizedWeight`` stored ``[N, K]``."""
     import jax  # noqa: PLC0415 (the device transfer only)
 
     k = parts[0][0].shape[1]
@@ -191,15 +191,13 @@ def _pack_fp8(parts: list[tuple[np.ndarray, np.ndarray]], *, table: bool, dtype)
         raise ValueError(f"fused fp8 weights with block grids that do not nest along K = {k}")
     values = np.concatenate([v for v, _ in parts])  # [N, K]
     scales = np.concatenate([np.repeat(s, groups // s.shape[1], axis=1) for _, s in parts]).astype(dtype)
-    if not table:
-        values, scales = np.ascontiguousarray(values.T), np.ascontiguousarray(scales.T)
-    return QuantizedWeight(jax.device_put(values), jax.device_put(scales), None, transposed=table)
+    return QuantizedWeight(jax.device_put(values), jax.device_put(scales), None, transposed=True)
 
 
 def getter(fmt: Format, reader, plain: Getter, dtype, *, quantized: bool) -> Getter:
     """``plain`` (``jspec.io.layout.getter``'s contract) with the linears stored in ``fmt`` read from
     their format: with ``quantized``, a fused weight whose parts are all stored so is one packed
-    ``QuantizedWeight`` (``get(names, True)`` a matmul weight ``[K, N]``, ``get(name)`` a table);
+    ``QuantizedWeight`` stored as the checkpoint stores it, ``[N, K]`` (a matmul weight or a table);
     otherwise, or with float parts beside them, their dequantized values as arrays of ``dtype``."""
     def get(names, transpose=False):
         names = (names,) if isinstance(names, str) else tuple(names)
@@ -209,9 +207,9 @@ def getter(fmt: Format, reader, plain: Getter, dtype, *, quantized: bool) -> Get
             return plain(names, transpose)
         if quantized and all(packed):
             if fmt.method == "fp8":
-                return _pack_fp8([_fp8_parts(fmt, reader, b) for b in bases], table=not transpose, dtype=dtype)
+                return _pack_fp8([_fp8_parts(fmt, reader, b) for b in bases], dtype=dtype)
             codes = gguf_packed.join([_int4_codes(fmt, reader, b) for b in bases])
-            return gguf_packed.pack(codes, table=not transpose, dtype=dtype)
+            return gguf_packed.pack(codes, dtype=dtype)
         sources = [array_source(dequantized(fmt, reader, b) if p else reader.get(n).astype(np.float32))
                    for n, b, p in zip(names, bases, packed)]
         return assemble(sources, transpose=transpose, dtype=dtype)

@@ -19,7 +19,7 @@ import numpy as np
 
 from jspec.quant.encode import check_platform, quantize_matrix
 from jspec.quant.scheme import Scheme
-from jspec.quant.weight import MATMUL, QUANTIZE, TABLE, QuantizedWeight
+from jspec.quant.weight import MATMUL, QUANTIZE, TABLE, QuantizedWeight, dequantize
 
 # fn(path, value, role) -> the field's new value, for every declared field that holds a weight.
 WeightFn = Callable[[str, "jax.Array | QuantizedWeight", str], object]
@@ -54,8 +54,15 @@ def quantize(tree, scheme: str | Scheme):
     if misfits:
         raise ValueError(f"cannot quantize to {scheme.name}: " + "; ".join(
             f"{problem} ({_some(paths)})" for problem, paths in misfits.items()) + _fitting_group(scheme, ks))
-    return map_weights(tree, lambda path, w, role: w if isinstance(w, QuantizedWeight)
-                       else quantize_matrix(w, scheme, transposed=role == TABLE))
+    return map_weights(tree, lambda path, w, role: w if isinstance(w, QuantizedWeight) else _quantized(w, scheme, role))
+
+
+def _quantized(w, scheme: Scheme, role: str, k_last: bool = True) -> QuantizedWeight:
+    """A weight field's value quantized, stored K last (``jspec.quant.weight``: a matmul weight
+    ``[K, N]`` as ``[N, K]``, a table as it is) or, for ``k_last=False``, as it is."""
+    if role == TABLE:
+        return quantize_matrix(w, scheme, transposed=True)
+    return quantize_matrix(w.T, scheme, transposed=True) if k_last else quantize_matrix(w, scheme)
 
 
 def _misfits(w, scheme: Scheme, role: str) -> list[str]:
@@ -105,6 +112,19 @@ def map_weights(tree, fn: WeightFn, path: str = ""):
     return dataclasses.replace(tree, **changes)
 
 
+def dequantize_tree(tree, dtype=None):
+    """``tree`` with every quantized weight dequantized (``jspec.quant.dequantize``, in ``dtype``) to
+    the array its field holds unquantized: a matmul weight ``[K, N]`` whatever its storage, a table
+    ``[V, H]``."""
+    def dense(path, w, role):
+        if not isinstance(w, QuantizedWeight):
+            return w
+        array = dequantize(w, dtype)
+        return array.T if role == MATMUL and w.transposed else array
+
+    return map_weights(tree, dense)
+
+
 def quantized_layout(tree) -> dict[str, dict]:
     """``{path: {"scheme": name, "transposed": bool}}`` of every quantized weight in ``tree`` (JSON):
     what :func:`quantize_like` needs to give an unquantized tree of the same structure the same
@@ -126,6 +146,6 @@ def quantize_like(tree, layout: dict[str, dict]):
     def requantize(path, w, role):
         if path not in layout:
             return w
-        return quantize_matrix(w, Scheme.parse(layout[path]["scheme"]), transposed=layout[path]["transposed"])
+        return _quantized(w, Scheme.parse(layout[path]["scheme"]), role, k_last=layout[path]["transposed"])
 
     return map_weights(tree, requantize)

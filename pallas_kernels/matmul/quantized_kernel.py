@@ -18,8 +18,11 @@ codes by one broadcast row of scales, never a per-row gather or a reshape:
   slabs, each dotted with the even / odd columns of x (x is read as pairs ``[M, K / 2, 2]``, a free
   reshape) instead of interleaving the nibbles in registers.
 
-With a ``gemv`` tiling (one row, 8-bit) the dequantized tiles feed fp32 multiply-adds instead of a
-dot. Tilings: ``quantized_config`` (from a first sweep on an H200; ``python -m jspec.bench
+On a GPU with bf16 scales and activations (``packed``) a substep is widened instead two entries at a
+time in packed bf16x2 registers by inline PTX (:mod:`pallas_kernels.matmul.widen`: 2-4 instructions
+an entry against about 8, the same weights bit for bit but for one-unit ties of int4 with mins);
+the fp32 widening above serves fp32 models and the interpreter. With a ``gemv`` tiling (one row,
+8-bit) the dequantized tiles feed fp32 multiply-adds instead of a dot. Tilings: ``quantized_config`` (from a first sweep on an H200; ``python -m jspec.bench
 quant-matmul --sweep`` sweeps them).
 """
 
@@ -34,6 +37,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.dispatch import interpret_mode
 from pallas_kernels.matmul.skinny_kernel import Slab, load, and2d, skinny_call
+from pallas_kernels.matmul.widen import widen
 from pallas_kernels.matmul.skinny_tilings import SHORT_K, SkinnyConfig, _pow2_at_least, _NUM_SMS, gated_config
 
 MAX_M = 80  # rows the quantized kernel takes in one tile (a batch of 16 verifying 4 drafts)
@@ -55,6 +59,7 @@ class QuantizedLoader:
     group: int | None
     mins: bool
     dtype: jnp.dtype
+    packed: bool = False  # widened two entries at a time by inline PTX (``widen``): bf16 on a GPU
 
     pairs = property(lambda self: self.format == "int4")
     num_refs = property(lambda self: 3 if self.mins else 2)
@@ -105,7 +110,9 @@ class QuantizedLoader:
 
             scale = group_param(scales_ref)
             low = None if mins_ref is None else group_param(mins_ref)
-            if self.pairs:
+            if self.packed:
+                out += self._packed_slabs(values_ref, step, start, sub, scale, low)
+            elif self.pairs:
                 half = sub // 2
                 first = pl.multiple_of(step.kk // 2 + j * half, half)  # byte row = pair index
                 rows = pl.ds(first, half)
@@ -120,6 +127,17 @@ class QuantizedLoader:
                 codes = load(values_ref.at[:, rows] if step.w_transposed else values_ref.at[rows, :], mask)
                 out.append(Slab(start, sub, None, self._dequantize(codes, scale, low, step.compute_dtype)))
         return out
+
+    def _packed_slabs(self, values_ref, step, start, sub, scale, low):
+        if self.pairs:
+            half = sub // 2
+            first = pl.multiple_of(start // 2, half)
+            rows, mask = pl.ds(first, half), step.tile_mask(step.k_ok(2 * first, half, 2))
+            codes = load(values_ref.at[:, rows] if step.w_transposed else values_ref.at[rows, :], mask)
+            return [Slab(first, half, parity, w) for parity, w in enumerate(widen(self.format, codes, scale, low))]
+        rows, mask = pl.ds(start, sub), step.tile_mask(step.k_ok(start, sub))
+        codes = load(values_ref.at[:, rows] if step.w_transposed else values_ref.at[rows, :], mask)
+        return [Slab(start, sub, None, w) for w in widen(self.format, codes, scale, low)]
 
     def _dequantize(self, codes, scale, low, compute_dtype):
         """``dequantize``'s value of ``codes`` (int4: one nibble each, uint32) in ``compute_dtype``."""
@@ -165,10 +183,15 @@ def quantized_loader(values, scales, mins=None, *, w_transposed=False) -> tuple[
 _GEMV_K = 4096  # int4 at one row over a long K: rows from which it streams without the dot
 
 
-def quantized_config(m: int, k: int, n: int, loader: QuantizedLoader, gated: bool = False) -> SkinnyConfig:
-    """The tiling for x [m, k] @ a quantized w [k, n]; ``gated``: the tiling of the fused
-    ``[gate | up]`` product (``gated_config``). From sweeps on an H200 (``python -m jspec.bench
-    quant-matmul --sweep``; figures: benchmarks/README.md, quantized matmul). Llama-3.1-8B's o, gate|up
+def quantized_config(m: int, k: int, n: int, loader: QuantizedLoader, gated: bool = False,
+                     w_transposed: bool = False) -> SkinnyConfig:
+    """The tiling for x [m, k] @ a quantized w [k, n] (stored ``[n, k]`` with ``w_transposed``, as
+    ``jspec`` stores every quantized weight); ``gated``: the tiling of the fused ``[gate | up]``
+    product (``gated_config``). From sweeps on an H200 (``python -m jspec.bench quant-matmul
+    --sweep``; figures: benchmarks/README.md, quantized matmul). Stored K last, at Llama-3.1-8B's
+    shapes and 1..16 rows, one tiling is within ~5% of each shape's best in every format: the dot,
+    64 columns, K steps of 128 bytes a column, 4 warps, 3 stages, split-K to two programs a SM
+    (8-bit 1.9-4.1 TB/s, int4 1.0-1.9). Stored K first, Llama-3.1-8B's o, gate|up
     and down at M = 1: 8-bit at one row without a dot (``gemv``, 64-row K steps, 128 columns: 1.5-2.0
     TB/s against 1.0-1.4 for the dot, which wins again from a few rows); int4 with the dot, 128-row K
     steps (64 bytes a column) and 256 columns (0.8-1.1 TB/s, 2.5x the 256-row steps); split-K until
@@ -180,7 +203,14 @@ def quantized_config(m: int, k: int, n: int, loader: QuantizedLoader, gated: boo
     / 26); int4 over a long K: 32 columns, 128-row steps, split-K, without the dot from 4096 rows
     (Qwen's down 6.6 us against 9.4) and with it below (SmolLM2's down: 8.4 us); 8-bit with the
     dot, 64-row steps, 32 columns over a short K and 64 over a long one (2-3x the wide tiles)."""
-    if m == 1 and min(k, n) < SHORT_K:
+    short = min(k, n) < SHORT_K
+    if w_transposed and not short:
+        block_k = min(128 * (2 if loader.pairs else 1), _pow2_at_least(k, _MIN_SUBSTEP[loader.format]))
+        block_n, split_k = min(64, _pow2_at_least(n, 16)), 1
+        while pl.cdiv(n, block_n) * split_k < 2 * _NUM_SMS and pl.cdiv(k, 2 * split_k) >= 2 * block_k:
+            split_k *= 2
+        return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=4, num_stages=3)
+    if m == 1 and short:
         short_k, int4 = k < SHORT_K, loader.format == "int4"
         gemv = int4 and (short_k or k >= _GEMV_K)
         if int4 and short_k:
@@ -210,22 +240,23 @@ def quantized_config(m: int, k: int, n: int, loader: QuantizedLoader, gated: boo
     return dataclasses.replace(config, block_n=block_n)
 
 
-def kernel_takes(m: int, loader: QuantizedLoader, k: int, n: int, *, gated: bool = False) -> bool:
+def kernel_takes(m: int, loader: QuantizedLoader, k: int, n: int, *, gated: bool = False,
+                 w_transposed: bool = False) -> bool:
     """Whether the kernel takes these rows and this weight with its default tiling (else the dispatcher
     runs the reference): at most :data:`MAX_M` rows, groups of whole 16-bit dots, and for a gated
-    product halves of whole column tiles."""
-    config = quantized_config(m, k, n, loader, gated)
+    product a weight stored ``[K, N]`` whose halves are whole column tiles."""
+    config = quantized_config(m, k, n, loader, gated, w_transposed)
     if m > MAX_M or loader.substep(config.block_k) < _MIN_SUBSTEP[loader.format]:
         return False
-    return not gated or (n % 2 == 0 and (n // 2) % config.block_n == 0)
+    return not gated or (not w_transposed and n % 2 == 0 and (n // 2) % config.block_n == 0)
 
 
 def quantized_matmul_pallas(x, values, scales, mins=None, *, config: SkinnyConfig | None = None, interpret=None,
-                            w_transposed=False, gated: str | None = None):
+                            w_transposed=False, gated: str | None = None, packed: bool | None = None):
     """The kernel: ``x [..., K] @ dequantize(values, scales, mins) -> [..., N]`` in x's dtype (at most
     :data:`MAX_M` rows after flattening); ``gated``: w is ``[gate | up]``, the result
     ``act(x @ gate) * (x @ up)`` [..., N / 2] from the kernel's epilogue."""
-    return _pallas(x, values, scales, mins, config, interpret, w_transposed, gated, parts=False)
+    return _pallas(x, values, scales, mins, config, interpret, w_transposed, gated, parts=False, packed=packed)
 
 
 def quantized_matmul_pallas_parts(x, values, scales, mins=None, *, config: SkinnyConfig | None = None,
@@ -235,17 +266,21 @@ def quantized_matmul_pallas_parts(x, values, scales, mins=None, *, config: Skinn
     return _pallas(x, values, scales, mins, config, interpret, w_transposed, None, parts=True)
 
 
-def _pallas(x, values, scales, mins, config, interpret, w_transposed, gated, *, parts):
+def _pallas(x, values, scales, mins, config, interpret, w_transposed, gated, *, parts, packed=None):
     loader, k, n = quantized_loader(values, scales, mins, w_transposed=w_transposed)
+    interpret = interpret_mode() if interpret is None else bool(interpret)
+    if packed is None:
+        packed = not interpret and loader.dtype == jnp.bfloat16 and x.dtype == jnp.bfloat16
+    loader = dataclasses.replace(loader, packed=packed)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if config is None:
-        config = quantized_config(x2.shape[0], k, n, loader, gated is not None)
+        config = quantized_config(x2.shape[0], k, n, loader, gated is not None, w_transposed)
     loader.check(config.block_k)
     if loader.format == "fp8":
         values = jax.lax.bitcast_convert_type(values, jnp.uint8)  # free: the same bytes
     arrays = (values, scales) + ((mins,) if loader.mins else ())
     out = skinny_call(x2, arrays, loader=loader, k=k, n=n, w_dtype=loader.dtype, config=config,
-                      interpret=interpret_mode() if interpret is None else bool(interpret), w_transposed=w_transposed,
+                      interpret=interpret, w_transposed=w_transposed,
                       gated=gated, split_parts=parts, max_m=MAX_M, name="quantized_matmul")
     return out.reshape(*out.shape[:-2], *lead, out.shape[-1])

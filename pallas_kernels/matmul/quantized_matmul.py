@@ -21,8 +21,8 @@ scales' dtype: :func:`dequantize` is the definition of the weight's value, and e
 
 ``impl``: ``"pallas"`` the kernel (interpreted off a GPU) wherever it takes the shape (up to
 ``quantized_kernel.MAX_M`` rows; groups of at least one 16-bit dot), the reference elsewhere;
-``"auto"`` the kernel on a GPU for up to ``MAX_M`` rows (provisional: to be set by measurement,
-``python -m jspec.bench quant-matmul``), the reference elsewhere; ``"xla"`` the reference;
+``"auto"`` the kernel on a GPU for up to ``MAX_M`` rows but a small model's projection stored K last
+(``_auto_uses_kernel``, from ``python -m jspec.bench quant-matmul``), the reference elsewhere; ``"xla"`` the reference;
 ``"invariant"`` the dequantized weight through the skinny matmul's row-invariant kernel (bitwise
 independent of the rows beside each one).
 """
@@ -40,6 +40,7 @@ from pallas_kernels.matmul.quantized_kernel import (  # noqa: F401 (the formats:
     quantized_matmul_pallas_parts,
 )
 from pallas_kernels.matmul.skinny_matmul import GATES, skinny_matmul, skinny_matmul_reference
+from pallas_kernels.matmul.skinny_tilings import SHORT_K
 
 
 def unpack_int4(pairs: jax.Array, axis: int) -> jax.Array:
@@ -109,10 +110,17 @@ def quantized_matmul_parts(x, values, scales, mins=None, *, impl="auto", w_trans
     return _dispatch(x, values, scales, mins, impl, w_transposed, None, parts=True)
 
 
-def _auto_uses_kernel(m: int) -> bool:
-    """The ``impl="auto"`` rule on a GPU: the kernel for every weight it takes (provisional: to be
-    set per shape and format from ``python -m jspec.bench quant-matmul``)."""
-    return m <= MAX_M
+# A small model's projection stored K last (K or N under SHORT_K, at most this many entries) runs
+# faster as XLA's dequantize + dot (one fusion) than in the kernel: on an H200 at SmolLM2-135M's and
+# Qwen2.5-0.5B's shapes, int4-g32 / int8-g32 at one row, 3.0-7.7 us against 4.3-9.9 (benchmarks/README.md,
+# quantized matmul); from Qwen's gate|up (8.7 M entries) and the tied LM heads on, the kernel wins.
+_XLA_MAX_ENTRIES = 1 << 23
+
+
+def _auto_uses_kernel(m: int, k: int, n: int, w_transposed: bool) -> bool:
+    """The ``impl="auto"`` rule on a GPU: the kernel for every weight it takes but a small model's
+    projection stored K last."""
+    return m <= MAX_M and not (w_transposed and min(k, n) < SHORT_K and k * n <= _XLA_MAX_ENTRIES)
 
 
 # Whether ``auto`` fuses a gate into the kernel. It does not: fused, the gate|up of an int8
@@ -134,12 +142,13 @@ def _dispatch(x, values, scales, mins, impl, w_transposed, gated, *, parts):
         out = skinny_matmul(x, w, impl="invariant", w_transposed=w_transposed, gated=gated)
         return out[None] if parts else out
     m = math.prod(x.shape[:-1])
-    if (mode == "pallas" or (mode == "auto" and on_gpu() and _auto_uses_kernel(m))) and kernel_takes(m, loader, k, n):
+    kernel = mode == "pallas" or (mode == "auto" and on_gpu() and _auto_uses_kernel(m, k, n, w_transposed))
+    if kernel and kernel_takes(m, loader, k, n, w_transposed=w_transposed):
         kernel_args = dict(interpret=None if mode == "pallas" else False, w_transposed=w_transposed)
         if parts:
             return quantized_matmul_pallas_parts(x, values, scales, mins, **kernel_args)
         fuse = mode == "pallas" or AUTO_FUSES_GATE
-        if gated is None or (fuse and kernel_takes(m, loader, k, n, gated=True)):
+        if gated is None or (fuse and kernel_takes(m, loader, k, n, gated=True, w_transposed=w_transposed)):
             return quantized_matmul_pallas(x, values, scales, mins, gated=gated, **kernel_args)
         gate, up = jnp.split(quantized_matmul_pallas(x, values, scales, mins, **kernel_args), 2, axis=-1)
         return GATES[gated](gate) * up
