@@ -237,7 +237,7 @@ def test_kernel_lowers_for_cuda(scheme, m, k, n, transposed, gated):
 # --- the benchmark (python -m jspec.bench quant-matmul; its --tiny run takes ~10 s, so not run here) ---
 
 def test_bench_subcommand_parses_and_its_sweep_tilings_fit_the_kernel():
-    from jspec.bench import cli, quant_matmul
+    from jspec.bench import cli, quant_matmul, quant_matmul_sweep
     from jspec.bench.flags import apply_tiny
 
     args = cli.parser().parse_args(["quant-matmul", "--tiny", "--out", "x", "--formats", "int4-g32,fp8"])
@@ -245,10 +245,10 @@ def test_bench_subcommand_parses_and_its_sweep_tilings_fit_the_kernel():
     assert (args.formats, args.shapes, args.skip_torch) == ("int4-g32,fp8", "256x96t", True)
     assert quant_matmul.parse_shapes("4096x6144,4096x128256t") == [(4096, 6144, False), (4096, 128256, True)]
     for fmt in ("int4-g32", "int4-g128", "int8", "fp8"):
-        loader = qk.quantized_loader(*quant_matmul._abstract_parts(fmt, 4096, 6144))[0]
-        tilings = quant_matmul.candidates(fmt, 1, 4096, 6144)
+        loader = qk.quantized_loader(*quant_matmul_sweep.abstract_parts(fmt, 4096, 6144))[0]
+        tilings = quant_matmul_sweep.candidates(fmt, 1, 4096, 6144)
         assert len(tilings) >= 6
-        for tiling in tilings:
+        for tiling in tilings + quant_matmul_sweep.refined(tilings, 4096):
             loader.check(tiling.block_k)
 
 

@@ -6,7 +6,7 @@ One run does, in order:
      bandwidth, ``F.linear`` (bf16), ``_weight_int8pack_mm``, ``_weight_int4pack_mm`` (g128) and
      ``_scaled_mm`` (fp8) at every shape and row count;
   2. correctness on the device: the kernel against the reference at ragged shapes, every format,
-     1..80 rows, a table read [N, K] and a fused gate;
+     1..80 rows, a table read [N, K] and a fused gate, and the weight read back through one-hot rows;
   3. the measurement: for every shape, format and row count, the GPU time of one call (the
      profiler's kernel times, each call right after an L2 flush, interleaved, median of
      ``--repeats``) of XLA (``xla``) and of the kernel (``kernel``: the default tiling; with
@@ -34,6 +34,7 @@ import time
 
 from jspec.bench import report
 from jspec.bench.flags import common, ints, subcommand
+from jspec.bench.quant_matmul_sweep import candidates, refined, tiling
 
 SHAPES = "4096x6144,4096x4096,4096x28672,14336x4096,4096x128256"  # Llama-3.1-8B: qkv, o, gate|up, down, LM head
 MS = "1,4,5,16"
@@ -106,55 +107,6 @@ class Weights:
         return {name: jax.jit(fn) for name, fn in fns.items()}
 
 
-def candidates(fmt, m, k, n):
-    """Tilings the sweep tries: column tiles 32..256, K steps of 64..256 bytes a column, split-K to
-    about two waves of programs; over a short K (under 1024: SmolLM2's 576, Qwen2.5-0.5B's 896) one
-    split of 16..64-column tiles instead, as the bf16 kernel's short-K tiling has it; for up to
-    ``GEMV_MAX_M`` rows the same without a dot (``gemv``). The default tiling is timed as ``kernel``
-    anyway."""
-    from jax.experimental import pallas as pl
-
-    from pallas_kernels.matmul import quantized_kernel as qk
-    from pallas_kernels.matmul.skinny_tilings import GEMV_MAX_M, SHORT_K, SkinnyConfig
-
-    per_byte = 2 if fmt.startswith("int4") else 1 if fmt != "bf16" else 0.5
-    loader = None if fmt == "bf16" else qk.quantized_loader(*_abstract_parts(fmt, k, n))[0]
-    short_k = k < SHORT_K
-    out = []
-    for gemv in (False, True) if m <= GEMV_MAX_M else (False,):
-        for block_n in (16, 32, 64) if short_k else (32, 64, 128, 256):
-            for step_bytes in (64, 128, 256):
-                block_k = int(step_bytes * per_byte)
-                if block_k > k or (loader and loader.substep(block_k) < qk._MIN_SUBSTEP[loader.format]):
-                    continue
-                split = 1
-                while not short_k and pl.cdiv(n, block_n) * split < 2 * 132 and pl.cdiv(k, 2 * split) >= 2 * block_k:
-                    split *= 2
-                warps = 8 if block_n * block_k >= 256 * 256 else 4
-                out.append(SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split, num_warps=warps,
-                                        num_stages=4, gemv=gemv))
-    return list(dict.fromkeys(out))
-
-
-def _tiling(config) -> str:
-    """A tiling in a few characters: ``n32 k256 s1 w4 st4 gemv``."""
-    return (f"n{config.block_n} k{config.block_k} s{config.split_k} w{config.num_warps} st{config.num_stages}"
-            + (" gemv" if config.gemv else ""))
-
-
-def _abstract_parts(fmt, k, n):
-    import jax
-    import jax.numpy as jnp
-
-    from jspec.quant import Scheme
-
-    s = Scheme.parse(fmt)
-    groups = k // (s.group_size or k)
-    dtype = {"int4": jnp.uint8, "int8": jnp.int8, "fp8": jnp.float8_e4m3fn}[s.format]
-    values = jax.ShapeDtypeStruct((k // 2 if s.format == "int4" else k, n), dtype)
-    return values, jax.ShapeDtypeStruct((groups, n), jnp.bfloat16), None
-
-
 def compiled(fns, x, parts, threads):
     """``fns`` compiled for ``(x, *parts)`` (in ``threads`` parallel threads: a sweep's Triton compiles
     took most of its time one after another) and run once: ``({name: compiled fn}, {name: exception})``,
@@ -195,13 +147,15 @@ def gpu_times(fns, x, parts, repeats):
 
 
 def correctness(args, key):
-    """``correctness`` rows: the kernel against the reference (max error over max |reference|)."""
+    """``correctness`` rows: the kernel against the reference (max error over max |reference|), and
+    ``weight_mismatches``: entries of the weight the kernel reads back through one-hot rows that differ
+    from ``dequantize``'s (bf16 x: the widening's exactness)."""
     import jax
     import jax.numpy as jnp
 
     from jspec.quant import Scheme, quantize_matrix
     from pallas_kernels.matmul import quantized_kernel as qk
-    from pallas_kernels.matmul.quantized_matmul import quantized_matmul_reference
+    from pallas_kernels.matmul.quantized_matmul import dequantize, quantized_matmul_reference
 
     schemes = [f for f in args.formats.split(",") if f != "bf16"]
     if args.tiny:  # one case a format (interpret mode compiles each for seconds)
@@ -227,6 +181,12 @@ def correctness(args, key):
             rec["err"] = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32)))) / scale
             rec["finite"] = bool(jnp.all(jnp.isfinite(out)))
             rec["ok"] = rec["finite"] and rec["err"] <= 2e-2
+            if gated is None:  # one-hot rows read m of the kernel's weight rows back: dequantize's, bit for bit?
+                picks = jnp.arange(m) * (k // m)
+                read = qk.quantized_matmul_pallas(jnp.eye(k, dtype=x.dtype)[picks], q.values, q.scales, q.mins,
+                                                  w_transposed=transposed)
+                w_ref = dequantize(q.values, q.scales, q.mins, w_transposed=transposed)
+                rec["weight_mismatches"] = int(jnp.sum(read != (w_ref[:, picks].T if transposed else w_ref[picks])))
         except Exception as e:  # noqa: BLE001
             rec.update(ok=False, error=repr(e)[:500])
         rows.append(rec)
@@ -270,10 +230,18 @@ def measure(args, copy_tb_s, deadline):
                 except Exception as e:  # noqa: BLE001 (e.g. a default tiling the Triton compiler refuses)
                     rows.append(dict(row, error=repr(e)[:1000]))
                     continue
+                if configs and args.sweep_refine:  # the two best again with other warps, stages, K steps
+                    extra = refined(sorted(configs, key=lambda c: timings[f"kernel {c}"].median_s), k)
+                    more, more_failed = compiled({name: fn for name, fn in weights.functions(fmt, extra).items()
+                                                  if name.startswith("kernel ")}, x, parts, args.compile_threads)
+                    for name, e in more_failed.items():
+                        row.setdefault("failed_configs", []).append(f"{name.removeprefix('kernel ')}: {repr(e)[:200]}")
+                    timings.update(gpu_times(more, x, parts, args.repeats) if more else {})
+                    configs += [c for c in extra if f"kernel {c}" in more]
                 if configs:
                     name, best = min(((f"kernel {c}", c) for c in configs), key=lambda nc: timings[nc[0]].median_s)
                     row["best_config"] = repr(best)
-                    row["sweep_us"] = {_tiling(c): timings[f"kernel {c}"].median_s * 1e6 for c in configs}
+                    row["sweep_us"] = {tiling(c): timings[f"kernel {c}"].median_s * 1e6 for c in configs}
                     timings = {"xla": timings["xla"], "kernel": timings["kernel"], "kernel_best": timings[name]}
                 for name, t in timings.items():
                     row["timings"][name] = t.as_dict("us")
@@ -399,6 +367,9 @@ def register(subparsers):
     ap.add_argument("--formats", default=FORMATS, help="comma list of bf16 and quantization schemes")
     ap.add_argument("--sweep", action="store_true", help="also sweep the kernel's tilings at --sweep-ms")
     ap.add_argument("--sweep-ms", default="1,16", help="row counts the sweep tunes (others reuse the last best)")
+    ap.add_argument("--sweep-refine", action="store_true",
+                    help="after the sweep's grid, time its two best tilings with 2 / 4 / 8 warps, 2 / 3 / 5 stages "
+                         "and two and four times longer K steps")
     ap.add_argument("--deadline", type=float, default=1e9,
                     help="seconds after start when the measurement stops (partial JSON)")
     ap.add_argument("--compile-threads", type=int, default=8, help="the sweep's tilings compile in parallel threads")
