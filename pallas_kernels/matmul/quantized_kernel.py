@@ -37,8 +37,8 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.dispatch import interpret_mode
 from pallas_kernels.matmul.skinny_kernel import Slab, load, and2d, skinny_call
-from pallas_kernels.matmul.widen import widen
 from pallas_kernels.matmul.skinny_tilings import SHORT_K, SkinnyConfig, _pow2_at_least, _NUM_SMS, gated_config
+from pallas_kernels.matmul.widen import widen
 
 MAX_M = 80  # rows the quantized kernel takes in one tile (a batch of 16 verifying 4 drafts)
 INT8, FP8, INT4_PAIRS = jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.uint8)
@@ -110,34 +110,30 @@ class QuantizedLoader:
 
             scale = group_param(scales_ref)
             low = None if mins_ref is None else group_param(mins_ref)
+            first, size, codes = self._codes(values_ref, step, start, sub)
             if self.packed:
-                out += self._packed_slabs(values_ref, step, start, sub, scale, low)
-            elif self.pairs:
-                half = sub // 2
-                first = pl.multiple_of(step.kk // 2 + j * half, half)  # byte row = pair index
-                rows = pl.ds(first, half)
-                mask = step.tile_mask(step.k_ok(2 * first, half, 2))
-                codes = load(values_ref.at[:, rows] if step.w_transposed else values_ref.at[rows, :], mask)
+                tiles = widen(self.format, codes, scale, low)
+            elif self.pairs:  # the low nibbles are the even K rows, the high ones the odd rows
                 codes = codes.astype(jnp.uint32)
-                for parity, nibble in enumerate((codes & 0xF, codes >> 4)):
-                    out.append(Slab(first, half, parity, self._dequantize(nibble, scale, low, step.compute_dtype)))
+                tiles = [self._dequantize(nibble, scale, low, step.compute_dtype)
+                         for nibble in (codes & 0xF, codes >> 4)]
             else:
-                rows = pl.ds(start, sub)
-                mask = step.tile_mask(step.k_ok(start, sub))
-                codes = load(values_ref.at[:, rows] if step.w_transposed else values_ref.at[rows, :], mask)
-                out.append(Slab(start, sub, None, self._dequantize(codes, scale, low, step.compute_dtype)))
+                tiles = [self._dequantize(codes, scale, low, step.compute_dtype)]
+            out += [Slab(first, size, parity, tile) for parity, tile in zip((0, 1) if self.pairs else (None,), tiles)]
         return out
 
-    def _packed_slabs(self, values_ref, step, start, sub, scale, low):
+    def _codes(self, values_ref, step, start, sub):
+        """``(first, size, codes)``: the stored rows of the substep at K index ``start`` (int4: byte rows,
+        one a pair of K rows) and their codes, masked where K is ragged."""
         if self.pairs:
-            half = sub // 2
-            first = pl.multiple_of(start // 2, half)
-            rows, mask = pl.ds(first, half), step.tile_mask(step.k_ok(2 * first, half, 2))
-            codes = load(values_ref.at[:, rows] if step.w_transposed else values_ref.at[rows, :], mask)
-            return [Slab(first, half, parity, w) for parity, w in enumerate(widen(self.format, codes, scale, low))]
-        rows, mask = pl.ds(start, sub), step.tile_mask(step.k_ok(start, sub))
-        codes = load(values_ref.at[:, rows] if step.w_transposed else values_ref.at[rows, :], mask)
-        return [Slab(start, sub, None, w) for w in widen(self.format, codes, scale, low)]
+            size = sub // 2
+            first = pl.multiple_of(start // 2, size)
+            mask = step.tile_mask(step.k_ok(2 * first, size, 2))
+        else:
+            first, size = start, sub
+            mask = step.tile_mask(step.k_ok(start, sub))
+        rows = pl.ds(first, size)
+        return first, size, load(values_ref.at[:, rows] if step.w_transposed else values_ref.at[rows, :], mask)
 
     def _dequantize(self, codes, scale, low, compute_dtype):
         """``dequantize``'s value of ``codes`` (int4: one nibble each, uint32) in ``compute_dtype``."""
