@@ -203,6 +203,7 @@ def _abstract_weight(scheme, k, n, transposed):
 
 @pytest.mark.parametrize("scheme,m,k,n,transposed,gated", [
     ("int4-g128", 1, 4096, 28672, True, None),  # Llama-3.1-8B gate|up stored K last (jspec's storage)
+    ("int4-g128", 16, 4096, 28672, True, None),  # ... verify rows: 32-column tiles on 2 warps
     ("int8", 16, 14336, 4096, True, None),  # its down, verify rows
     ("fp8", 5, 4096, 6144, True, None),  # its qkv
     ("int4-g128-sym", 1, 4096, 4096, True, None),  # its o

@@ -187,9 +187,10 @@ def quantized_config(m: int, k: int, n: int, loader: QuantizedLoader, gated: boo
     --sweep``; figures: benchmarks/README.md, quantized matmul). Stored K last, at Llama-3.1-8B's
     shapes and 1..16 rows, one tiling is within ~5% of each shape's best in every format: the dot,
     64 columns, K steps of 128 bytes a column, 4 warps, 3 stages, split-K to two programs a SM
-    (8-bit 1.9-4.1 TB/s, int4 1.0-1.9). Stored K first, Llama-3.1-8B's o, gate|up
-    and down at M = 1: 8-bit at one row without a dot (``gemv``, 64-row K steps, 128 columns: 1.5-2.0
-    TB/s against 1.0-1.4 for the dot, which wins again from a few rows); int4 with the dot, 128-row K
+    (8-bit 1.9-4.1 TB/s, int4 1.0-1.9); int4 over more rows streams faster in 32-column tiles on 2
+    warps. Stored K first, Llama-3.1-8B's o, gate|up and down at M = 1: 8-bit at one row without a
+    dot (``gemv``, 64-row K steps, 128 columns: 1.5-2.0 TB/s against 1.0-1.4 for the dot, which wins
+    again from a few rows); int4 with the dot, 128-row K
     steps (64 bytes a column) and 256 columns (0.8-1.1 TB/s, 2.5x the 256-row steps); split-K until
     about two programs a SM. A small model's projection at M = 1 (K or N under ``SHORT_K``:
     SmolLM2-135M's, Qwen2.5-0.5B's) is a few microseconds, bound by how many programs stream it, not
@@ -205,7 +206,14 @@ def quantized_config(m: int, k: int, n: int, loader: QuantizedLoader, gated: boo
         block_n, split_k = min(64, _pow2_at_least(n, 16)), 1
         while pl.cdiv(n, block_n) * split_k < 2 * _NUM_SMS and pl.cdiv(k, 2 * split_k) >= 2 * block_k:
             split_k *= 2
-        return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=4, num_stages=3)
+        config = SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=4, num_stages=3)
+        if loader.pairs and (m > 8 or (m > 1 and split_k == 1)):
+            # int4 over rows: half as many columns a program on 2 warps (the same splits), 2 stages under
+            # split-K: gate|up 53.9 / 42.4 us at 16 / 5 rows against 69.1 / 46.8, down 29.6 against 33.1
+            # at 16 rows; qkv at 5 rows keeps the wide tiles (12.3 us against 13.5).
+            config = dataclasses.replace(config, block_n=min(block_n, 32), num_warps=2,
+                                         num_stages=3 if split_k == 1 else 2)
+        return config
     if m == 1 and short:
         short_k, int4 = k < SHORT_K, loader.format == "int4"
         gemv = int4 and (short_k or k >= _GEMV_K)
