@@ -22,8 +22,9 @@ On a GPU with bf16 scales and activations (``packed``) a substep is widened inst
 time in packed bf16x2 registers by inline PTX (:mod:`pallas_kernels.matmul.widen`: 2-4 instructions
 an entry against about 8, the same weights bit for bit but for one-unit ties of int4 with mins);
 the fp32 widening above serves fp32 models and the interpreter. With a ``gemv`` tiling (one row,
-8-bit) the dequantized tiles feed fp32 multiply-adds instead of a dot. Tilings: ``quantized_config`` (from a first sweep on an H200; ``python -m jspec.bench
-quant-matmul --sweep`` sweeps them).
+8-bit) the dequantized tiles feed fp32 multiply-adds instead of a dot. Tilings:
+``quantized_config`` (from sweeps on an H200; ``python -m jspec.bench quant-matmul --sweep`` sweeps
+them).
 """
 
 from __future__ import annotations
@@ -190,16 +191,16 @@ def quantized_config(m: int, k: int, n: int, loader: QuantizedLoader, gated: boo
     (8-bit 1.9-4.1 TB/s, int4 1.0-1.9); int4 over more rows streams faster in 32-column tiles on 2
     warps. Stored K first, Llama-3.1-8B's o, gate|up and down at M = 1: 8-bit at one row without a
     dot (``gemv``, 64-row K steps, 128 columns: 1.5-2.0 TB/s against 1.0-1.4 for the dot, which wins
-    again from a few rows); int4 with the dot, 128-row K
-    steps (64 bytes a column) and 256 columns (0.8-1.1 TB/s, 2.5x the 256-row steps); split-K until
-    about two programs a SM. A small model's projection at M = 1 (K or N under ``SHORT_K``:
-    SmolLM2-135M's, Qwen2.5-0.5B's) is a few microseconds, bound by how many programs stream it, not
-    by their bytes. int4 over a short K: no dot, 16-column tiles, one split, 512-row steps while N is
-    at most 2048 (Qwen's qkv and o 5.5-5.8 us against 11 for 32 columns in 256-row steps), 128-row
-    steps over a wide N (its gate | up 10.0 us against 12.9; the tied LM heads 83 / 24 us against 98
-    / 26); int4 over a long K: 32 columns, 128-row steps, split-K, without the dot from 4096 rows
-    (Qwen's down 6.6 us against 9.4) and with it below (SmolLM2's down: 8.4 us); 8-bit with the
-    dot, 64-row steps, 32 columns over a short K and 64 over a long one (2-3x the wide tiles)."""
+    again from a few rows); int4 with the dot, 128-row K steps (64 bytes a column) and 256 columns
+    (0.8-1.1 TB/s, 2.5x the 256-row steps); split-K until about two programs a SM. A small model's
+    projection at M = 1 (K or N under ``SHORT_K``: SmolLM2-135M's, Qwen2.5-0.5B's) is a few
+    microseconds, bound by how many programs stream it, not by their bytes. int4 over a short K: no
+    dot, 16-column tiles, one split, 512-row steps while N is at most 2048 (Qwen's qkv and o 5.5-5.8
+    us against 11 for 32 columns in 256-row steps), 128-row steps over a wide N (its gate | up 10.0
+    us against 12.9; the tied LM heads 83 / 24 us against 98 / 26); int4 over a long K: 32 columns,
+    128-row steps, split-K, without the dot from 4096 rows (Qwen's down 6.6 us against 9.4) and with
+    it below (SmolLM2's down: 8.4 us); 8-bit with the dot, 64-row steps, 32 columns over a short K
+    and 64 over a long one (2-3x the wide tiles)."""
     short = min(k, n) < SHORT_K
     if w_transposed and not short:
         block_k = min(128 * (2 if loader.pairs else 1), _pow2_at_least(k, _MIN_SUBSTEP[loader.format]))
@@ -209,8 +210,8 @@ def quantized_config(m: int, k: int, n: int, loader: QuantizedLoader, gated: boo
         config = SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=4, num_stages=3)
         if loader.pairs and (m > 8 or (m > 1 and split_k == 1)):
             # int4 over rows: half as many columns a program on 2 warps (the same splits), 2 stages under
-            # split-K: gate|up 53.9 / 42.4 us at 16 / 5 rows against 69.1 / 46.8, down 29.6 against 33.1
-            # at 16 rows; qkv at 5 rows keeps the wide tiles (12.3 us against 13.5).
+            # split-K. Faster in the sweep: gate|up at 5 and 16 rows; the head, down and qkv at 16 (o
+            # not swept). qkv at 5 rows streams faster in the wide tiles, so few rows keep them under split-K.
             config = dataclasses.replace(config, block_n=min(block_n, 32), num_warps=2,
                                          num_stages=3 if split_k == 1 else 2)
         return config
